@@ -1,0 +1,45 @@
+package buffer
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// Counters only ever grow; they outlive configuration reloads with their
+// store, so exported metrics never reset on reload.
+type Counters struct {
+	EventsEnqueued atomic.Uint64
+	EventsEvicted  atomic.Uint64
+	// EventsEvictedBeforeAck counts events that left a log while a client
+	// could still ask for them. It must stay 0: anything else is a bug.
+	EventsEvictedBeforeAck atomic.Uint64
+	// ResumesFromEvicted counts resumes whose cursor was below the floor.
+	ResumesFromEvicted atomic.Uint64
+	Stalls             atomic.Uint64 // appends that had to wait for room
+	StallNanos         atomic.Uint64 // total time appends waited
+
+	mu     sync.Mutex
+	failed map[policy.Reason]uint64
+}
+
+func (c *Counters) addFailed(r policy.Reason) {
+	c.mu.Lock()
+	if c.failed == nil {
+		c.failed = make(map[policy.Reason]uint64)
+	}
+	c.failed[r]++
+	c.mu.Unlock()
+}
+
+// FailedStreams returns the number of failed streams by reason.
+func (c *Counters) FailedStreams() map[policy.Reason]uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := make(map[policy.Reason]uint64, len(c.failed))
+	for k, v := range c.failed {
+		m[k] = v
+	}
+	return m
+}

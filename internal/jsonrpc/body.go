@@ -1,0 +1,137 @@
+package jsonrpc
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strconv"
+)
+
+// Call is one message of a client's POST body, as far as the proxy cares.
+type Call struct {
+	Kind            Kind
+	Method          string
+	ID              json.RawMessage // nil for notifications and for null ids
+	ProtocolVersion string          // params.protocolVersion of an initialize request
+}
+
+// ErrBody is returned for bodies that are not JSON-RPC at all.
+var ErrBody = errors.New("body is not a JSON-RPC message or batch")
+
+// ParseBody decodes a POST body: one message, or a batch (MCP 2025-03-26).
+func ParseBody(body []byte) (calls []Call, batch bool, err error) {
+	body = bytes.TrimSpace(body)
+	if len(body) > 0 && body[0] == '[' {
+		var raws []json.RawMessage
+		if err := json.Unmarshal(body, &raws); err != nil || len(raws) == 0 {
+			return nil, true, ErrBody
+		}
+		for _, r := range raws {
+			c, err := parseOne(r)
+			if err != nil {
+				return nil, true, err
+			}
+			calls = append(calls, c)
+		}
+		return calls, true, nil
+	}
+	c, err := parseOne(body)
+	if err != nil {
+		return nil, false, err
+	}
+	return []Call{c}, false, nil
+}
+
+func parseOne(raw []byte) (Call, error) {
+	var m struct {
+		Method *string          `json:"method"`
+		ID     json.RawMessage  `json:"id"`
+		Result json.RawMessage  `json:"result"`
+		Error  json.RawMessage  `json:"error"`
+		Params *json.RawMessage `json:"params"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return Call{}, ErrBody
+	}
+	var c Call
+	if len(m.ID) > 0 && !bytes.Equal(m.ID, []byte("null")) {
+		c.ID = m.ID
+	}
+	switch {
+	case m.Method != nil:
+		c.Method = *m.Method
+		c.Kind = Notification
+		if c.ID != nil {
+			c.Kind = Request
+		}
+	case m.Result != nil || m.Error != nil:
+		c.Kind = Response
+	default:
+		return Call{}, ErrBody
+	}
+	if c.Method == "initialize" && m.Params != nil {
+		var p struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		}
+		_ = json.Unmarshal(*m.Params, &p)
+		c.ProtocolVersion = p.ProtocolVersion
+	}
+	return c, nil
+}
+
+// ProtocolVersionOf returns result.protocolVersion of an initialize response.
+func ProtocolVersionOf(response []byte) string {
+	var m struct {
+		Result struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		} `json:"result"`
+	}
+	if json.Unmarshal(response, &m) != nil {
+		return ""
+	}
+	return m.Result.ProtocolVersion
+}
+
+// Error codes the proxy uses, inside JSON-RPC's implementation-defined server
+// error range (-32000 to -32099; MCP leaves -32000..-32019 to implementations).
+const (
+	CodeEventsLost   = -32010 // a stream's events were lost; see the message for why
+	CodeResumeDenied = -32011 // a resume was refused (bad or foreign Last-Event-ID, credentials)
+	CodeLimit        = -32012 // a proxy limit was reached
+	CodeInvalid      = -32600 // JSON-RPC "Invalid Request"
+)
+
+// ErrorResponse encodes a JSON-RPC error response. A nil id encodes as null,
+// which JSON-RPC uses when the request's id is unknown.
+func ErrorResponse(id json.RawMessage, code int, message string, data any) []byte {
+	b := make([]byte, 0, 128)
+	b = append(b, `{"jsonrpc":"2.0","id":`...)
+	if id == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, id...)
+	}
+	b = append(b, `,"error":{"code":`...)
+	b = strconv.AppendInt(b, int64(code), 10)
+	b = append(b, `,"message":`...)
+	msg, _ := json.Marshal(message)
+	b = append(b, msg...)
+	if data != nil {
+		if d, err := json.Marshal(data); err == nil {
+			b = append(b, `,"data":`...)
+			b = append(b, d...)
+		}
+	}
+	return append(b, "}}"...)
+}
+
+// LogNotification encodes a notifications/message (MCP logging) notification,
+// which standard clients surface to the application.
+func LogNotification(level, logger string, data any) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"jsonrpc": "2.0",
+		"method":  "notifications/message",
+		"params":  map[string]any{"level": level, "logger": logger, "data": data},
+	})
+	return b
+}
