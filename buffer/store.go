@@ -142,8 +142,9 @@ type Stream interface {
 
 // Reader delivers a stream's events in order, from history then live.
 type Reader interface {
-	// Read returns the next events (at most len(buf)), blocking until there is
-	// one. At the end it returns io.EOF (complete) or *FailedError (failed).
+	// Read returns the next events (at most cap(buf), in buf's array), blocking
+	// until there is one. At the end it returns io.EOF (complete) or
+	// *FailedError (failed).
 	Read(ctx context.Context, buf []Event) ([]Event, error)
 	// Delivered records that every event up to seq was written and flushed.
 	Delivered(seq uint64)
