@@ -266,3 +266,20 @@ func ReadSSE(body io.Reader, n int, timeout time.Duration) ([]SSEEvent, error) {
 		return nil, fmt.Errorf("timed out after %v waiting for %d events", timeout, n)
 	}
 }
+
+// StopCaddy stops the in-process Caddy, as a process restart would; Load
+// starts it again.
+func StopCaddy(t testing.TB) {
+	t.Helper()
+	if err := caddy.Stop(); err != nil {
+		t.Fatalf("stopping caddy: %v", err)
+	}
+}
+
+// StartHandler serves h on a real loopback socket and returns host:port.
+func StartHandler(t testing.TB, h http.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
+}

@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// Stopping Caddy must not wait for detached upstream reads: they are
+// cancelled when Caddy starts stopping. This runs the real binary, since
+// `caddy stop` exits the process.
+func TestStopWithDetachedStreamsIsPrompt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a caddy binary; skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "caddy")
+	build := exec.Command("go", "build", "-o", bin, "../../cmd/caddy")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	upstream := harness.StartDemo(t, demoserver.Options{})
+	httpPort, adminPort := harness.FreePort(t), harness.FreePort(t)
+	cfg := filepath.Join(dir, "Caddyfile")
+	os.WriteFile(cfg, []byte(fmt.Sprintf(`{
+	admin localhost:%d
+	http_port %d
+	auto_https off
+	persist_config off
+}
+:%d {
+%s
+}
+`, adminPort, httpPort, httpPort, siteFor(upstream, ""))), 0o600)
+	run := exec.Command(bin, "run", "--config", cfg)
+	run.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- run.Wait() }()
+	t.Cleanup(func() { run.Process.Kill() })
+
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	waitFor(t, 20*time.Second, "caddy to listen", func() bool {
+		c := newRawClient(t, base, "")
+		req, _ := c.http.Get(base + "/")
+		if req != nil {
+			req.Body.Close()
+		}
+		return req != nil
+	})
+	rc := newRawClient(t, base, "2025-06-18")
+	rc.initialize()
+	// Detached streams: the tool runs for a minute; its clients leave.
+	for i := 1; i <= 3; i++ {
+		startCut(t, rc, i, 120, 1, 500)
+	}
+	start := time.Now()
+	stop := exec.Command(bin, "stop", "--address", fmt.Sprintf("localhost:%d", adminPort))
+	stop.Env = run.Env
+	if out, err := stop.CombinedOutput(); err != nil {
+		t.Fatalf("caddy stop: %v\n%s", err, out)
+	}
+	select {
+	case <-exited:
+		t.Logf("caddy exited %v after stop, with 3 detached streams", time.Since(start).Round(time.Millisecond))
+	case <-time.After(20 * time.Second):
+		t.Fatal("caddy did not exit within 20s of `caddy stop`: detached streams held it (the tool needs 60s)")
+	}
+}
