@@ -273,6 +273,11 @@ func (st *MemoryStore) Stats() Stats {
 			out.Streams++
 			if str.producing.Load() {
 				out.Producing++
+				str.mu.Lock()
+				if str.reader == nil {
+					out.Detached++
+				}
+				str.mu.Unlock()
 			}
 			if str.stalled.Load() {
 				out.StalledStreams++

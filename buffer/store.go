@@ -188,5 +188,6 @@ type Stats struct {
 	RetainedBytes  int64
 	Connected      int
 	Producing      int // streams an upstream response is feeding
+	Detached       int // of those, streams no client is reading: the upstream is read for a client that left
 	StalledStreams int
 }

@@ -145,7 +145,9 @@ func (h *Handler) serveReplay(w http.ResponseWriter, r *http.Request, sess buffe
 		rd.Close()
 		return nil
 	}
-	h.newRelay(w, sess, stream, rd).run(r.Context())
+	rl := h.newRelay(w, sess, stream, rd)
+	rl.replayUpTo = stream.View().Head
+	rl.run(r.Context())
 	return nil
 }
 
@@ -170,7 +172,7 @@ func (h *Handler) produceStandalone(w http.ResponseWriter, r *http.Request, next
 
 	up := r.Clone(ctx)
 	up.Header.Del(hdrLastEventID)
-	tw := newTapWriter(w, ctx, h.MaxEventBytes, nil)
+	tw := h.newTapWriter(w, ctx, nil)
 	sid := sess.ID()
 	tw.onStatus = func(status int) {
 		if status == http.StatusNotFound {
@@ -190,10 +192,14 @@ func (h *Handler) produceStandalone(w http.ResponseWriter, r *http.Request, next
 			rd.Close()
 			return stream
 		}
+		rl := h.newRelay(w, sess, stream, rd)
+		if from != buffer.FromUndelivered {
+			rl.replayUpTo = stream.View().Head
+		}
 		relayDone = make(chan struct{})
 		go func() {
 			defer close(relayDone)
-			h.newRelay(w, sess, stream, rd).run(r.Context())
+			rl.run(r.Context())
 		}()
 		return stream
 	}
@@ -240,7 +246,7 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	defer cancel()
 	up := r.Clone(ctx)
 	up.Header.Del(hdrLastEventID)
-	tw := newTapWriter(w, ctx, h.MaxEventBytes, nil)
+	tw := h.newTapWriter(w, ctx, nil)
 	var (
 		sess      buffer.Session
 		stream    buffer.Stream

@@ -23,6 +23,8 @@ var (
 		"Gap signals sent to clients, by reason.", "reason")
 	limitsHit = newCounterVec("limit_rejections_total",
 		"Requests refused or streams failed because a configured limit was reached, by limit.", "limit")
+	replayed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "replayed_events_total",
+		Help: "Events written to resuming clients from the log (those the client had missed)."})
 
 	metrics = struct{ stallSeconds prometheus.Histogram }{
 		stallSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -53,11 +55,12 @@ var (
 	descConnected      = desc("connected_clients", "Client connections reading from logs.")
 	descProducing      = desc("upstream_reads", "Upstream responses being read into logs.")
 	descStalled        = desc("stalled_streams", "Streams whose upstream read is paused by backpressure now.")
+	descDetached       = desc("detached_upstreams", "Upstream responses still being read into logs after their client left.")
 )
 
 func (storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEnqueued, descEvicted, descEvictedEarly, descResumesEvicted, descStalls,
-		descFailed, descRetained, descSessions, descStreams, descConnected, descProducing, descStalled} {
+		descFailed, descRetained, descSessions, descStreams, descConnected, descProducing, descStalled, descDetached} {
 		ch <- d
 	}
 }
@@ -90,6 +93,7 @@ func (storeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descConnected, float64(s.Connected))
 	gauge(descProducing, float64(s.Producing))
 	gauge(descStalled, float64(s.StalledStreams))
+	gauge(descDetached, float64(s.Detached))
 }
 
 // registerMetrics adds the collectors to a config's registry. Each config
@@ -98,7 +102,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, metrics.stallSeconds, storeCollector{}} {
+	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, replayed, metrics.stallSeconds, storeCollector{}} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

@@ -160,7 +160,7 @@ func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyht
 	sess buffer.Session, sid, version string, ids []string) (err error) {
 	ctx, cancel := h.detach(r)
 	defer cancel()
-	tw := newTapWriter(w, ctx, h.MaxEventBytes, ids)
+	tw := h.newTapWriter(w, ctx, ids)
 	var relayDone chan struct{}
 	var stopSess func() bool
 	defer func() {

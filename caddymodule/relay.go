@@ -53,6 +53,9 @@ type relay struct {
 	stream buffer.Stream
 	rd     buffer.Reader
 	out    []byte
+	// replayUpTo is the stream's head when a resume arrived: events up to
+	// it are replays (counted), later ones are live.
+	replayUpTo uint64
 }
 
 func (h *Handler) newRelay(w http.ResponseWriter, sess buffer.Session, stream buffer.Stream, rd buffer.Reader) *relay {
@@ -89,7 +92,11 @@ func (rl *relay) run(ctx context.Context) {
 			if !rl.write(out) {
 				return
 			}
-			rl.rd.Delivered(evs[len(evs)-1].Seq)
+			last := evs[len(evs)-1].Seq
+			rl.rd.Delivered(last)
+			if rl.replayUpTo > 0 && evs[0].Seq <= rl.replayUpTo {
+				replayed.Add(float64(min(last, rl.replayUpTo) - evs[0].Seq + 1))
+			}
 		}
 		var failed *buffer.FailedError
 		switch {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
@@ -30,6 +31,7 @@ type tapWriter struct {
 	// onStatus, if set, sees every status (e.g. an upstream 404 ends the session).
 	onStatus func(status int)
 
+	logger    *zap.Logger
 	ctx       context.Context // the detached upstream context; appends block on it
 	stream    buffer.Stream
 	tapping   bool
@@ -39,9 +41,9 @@ type tapWriter struct {
 	dropped   int // events without data (upstream priming, close) not retained
 }
 
-func newTapWriter(w http.ResponseWriter, ctx context.Context, maxEvent int64, requestIDs []string) *tapWriter {
-	t := &tapWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, ctx: ctx}
-	t.parser.MaxEventBytes = int(maxEvent)
+func (h *Handler) newTapWriter(w http.ResponseWriter, ctx context.Context, requestIDs []string) *tapWriter {
+	t := &tapWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}, ctx: ctx, logger: h.logger}
+	t.parser.MaxEventBytes = int(h.MaxEventBytes)
 	if len(requestIDs) > 0 {
 		t.pending = make(map[string]bool, len(requestIDs))
 		for _, id := range requestIDs {
@@ -106,7 +108,11 @@ func (t *tapWriter) appendEvent(ev *sse.Event) error {
 			}
 		})
 	}
-	_, err := t.stream.Append(t.ctx, data, response)
+	seq, err := t.stream.Append(t.ctx, data, response)
+	if c := t.logger.Check(zap.DebugLevel, "event appended"); c != nil {
+		c.Write(zap.Uint32("stream", t.stream.Num()), zap.Uint64("seq", seq), zap.Int("bytes", len(data)),
+			zap.Bool("response", response), zap.Error(err))
+	}
 	return err
 }
 
