@@ -23,6 +23,8 @@ var (
 		"Gap signals sent to clients, by reason.", "reason")
 	limitsHit = newCounterVec("limit_rejections_total",
 		"Requests refused or streams failed because a configured limit was reached, by limit.", "limit")
+	retriesServed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "repeated_requests_total",
+		Help: "Repeated requests (same session, ids and body) answered from the retained stream instead of running again."})
 	replayed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "replayed_events_total",
 		Help: "Events written to resuming clients from the log (those the client had missed)."})
 
@@ -102,7 +104,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, replayed, metrics.stallSeconds, storeCollector{}} {
+	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, replayed, retriesServed, metrics.stallSeconds, storeCollector{}} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

@@ -129,14 +129,25 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 		if !resumable(v) {
 			return next.ServeHTTP(w, r)
 		}
-		return h.serveCall(w, r, next, nil, sid, v, ids)
+		return h.serveCall(w, r, next, nil, sid, v, ids, "")
 	}
 	if sess.ActiveStreams() >= h.MaxStreamsPerSession {
 		limitsHit.WithLabelValues("max_streams_per_session").Inc()
 		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, "mcp-resume: too many open streams in this session (max_streams_per_session)")
 		return nil
 	}
-	return h.serveCall(w, r, next, sess, sid, "", ids)
+	key := retryKey(sid, ids, body)
+	if num, ok := h.zone.retries.Get(key); ok {
+		if stream, ok := sess.Stream(num); ok && stream.View().Floor == 1 {
+			// The same request again: the first one's stream is retained from
+			// its start, so replay it rather than run the tool twice.
+			retriesServed.Inc()
+			h.logger.Info("repeated request answered from the retained stream",
+				zap.String("session", sid), zap.Uint32("stream", num), zap.Strings("request_ids", ids))
+			return h.serveReplay(w, r, sess, stream, 1, preamble(nil, sess, stream))
+		}
+	}
+	return h.serveCall(w, r, next, sess, sid, "", ids, key)
 }
 
 // sessionWatch passes a response through and ends the session if the
@@ -157,7 +168,7 @@ func (h *Handler) sessionWatch(w http.ResponseWriter, sid string) http.ResponseW
 // client does, and a relay feeds the client from the log. sess is nil when
 // the session is adopted (created once the upstream answers with a stream).
 func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
-	sess buffer.Session, sid, version string, ids []string) (err error) {
+	sess buffer.Session, sid, version string, ids []string, retryKey string) (err error) {
 	ctx, cancel := h.detach(r)
 	defer cancel()
 	tw := h.newTapWriter(w, ctx, ids)
@@ -194,6 +205,10 @@ func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyht
 			return nil
 		}
 		stream.ClaimProducer()
+		if retryKey != "" {
+			h.zone.retries.Set(retryKey, stream.Num(), 1)
+			h.zone.retries.Wait() // visible to the very next request
+		}
 		stopSess = context.AfterFunc(sess.Context(), cancel) // the session's end ends the upstream read
 		prepareSSEHeaders(w.Header())
 		w.WriteHeader(http.StatusOK)

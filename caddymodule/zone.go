@@ -2,9 +2,11 @@ package caddymodule
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/dgraph-io/ristretto/v2"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -23,19 +25,49 @@ const zoneKey = "mcp_resume"
 type zone struct {
 	store *buffer.MemoryStore
 	key   []byte // HMAC key for credential fingerprints; lives with the sessions it binds
+	// retries maps (session, request ids, body hash) to the stream that
+	// answers it, so a client that re-sends the same request gets the
+	// retained stream instead of running the tool twice. Losing an entry
+	// only means the request runs again, so an evicting cache fits.
+	retries *ristretto.Cache[string, uint32]
 }
 
 // Destruct implements caddy.Destructor.
 func (z *zone) Destruct() error {
 	z.store.Close()
+	z.retries.Close()
 	return nil
+}
+
+func retryKey(sid string, ids []string, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(sid))
+	for _, id := range ids {
+		h.Write([]byte{0})
+		h.Write([]byte(id))
+	}
+	h.Write([]byte{1})
+	h.Write(body)
+	return string(h.Sum(nil))
 }
 
 func loadZone(l buffer.Limits, logger *zap.Logger) (*zone, error) {
 	v, loaded, err := zones.LoadOrNew(zoneKey, func() (caddy.Destructor, error) {
 		key := make([]byte, 32)
 		rand.Read(key)
-		return &zone{store: buffer.NewMemoryStore(buffer.Options{Limits: l, Hooks: storeHooks(logger)}), key: key}, nil
+		retries, err := ristretto.NewCache(&ristretto.Config[string, uint32]{
+			NumCounters: 1 << 17,
+			MaxCost:     1 << 14, // entries
+			BufferItems: 64,
+		})
+		if err != nil {
+			return nil, err
+		}
+		return &zone{
+			store:   buffer.NewMemoryStore(buffer.Options{Limits: l, Hooks: storeHooks(logger)}),
+			key:     key,
+			retries: retries,
+		}, nil
 	})
 	if err != nil {
 		return nil, err

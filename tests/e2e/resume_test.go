@@ -363,3 +363,25 @@ func TestIDsAreOpaqueAndShort(t *testing.T) {
 	}
 	_ = fmt.Sprint()
 }
+
+// A client that re-sends the same request (same session, id and body), as
+// clients that never resume POST streams do, gets the retained stream: the
+// tool does not run twice.
+func TestRepeatedRequestIsAnsweredFromTheLog(t *testing.T) {
+	c, _ := proxyFor(t, demoserver.Options{}, "")
+	rc := newRawClient(t, c.Base(), "2025-06-18")
+	rc.initialize()
+	first := startCut(t, rc, 9, 5, 2, 50)
+	resp := rc.call(9, "count", map[string]any{"n": 5, "interval_ms": 50})
+	defer resp.Body.Close()
+	evs := readEvents(t, resp, 0)
+	if len(evs) != 6 || evs[0].ID != first[0] || evs[1].ID != first[1] || !strings.Contains(evs[5].Data, `"counted to 5"`) {
+		t.Fatalf("the repeat was not answered from the first stream (first ids %v): %+v", first, evs)
+	}
+	// A different request id is a new call.
+	other := rc.call(10, "count", map[string]any{"n": 5, "interval_ms": 1})
+	defer other.Body.Close()
+	if evs := readEvents(t, other, 1); mustParse(t, evs[0].ID).Stream == mustParse(t, first[0]).Stream {
+		t.Fatal("a new request was answered from another request's stream")
+	}
+}
