@@ -655,11 +655,24 @@ func (s *memStream) end(reason policy.Reason) {
 func (s *memStream) View() policy.StreamView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.viewLocked()
+}
+
+func (s *memStream) viewLocked() policy.StreamView {
 	return policy.StreamView{Kind: s.kind, State: s.state, Floor: s.floor, Head: s.head, ResponseSeq: s.responseSeq}
 }
 
 func (s *memStream) Ack(seq uint64) {
 	s.mu.Lock()
+	n := s.ackLocked(seq)
+	s.mu.Unlock()
+	if n > 0 {
+		s.sess.store.release(n, s)
+	}
+}
+
+// ackLocked records the client's position and returns the bytes freed.
+func (s *memStream) ackLocked(seq uint64) int64 {
 	if seq > s.head {
 		seq = s.head
 	}
@@ -676,11 +689,33 @@ func (s *memStream) Ack(seq uint64) {
 		}
 		s.delivered = seq
 	}
-	n := s.evictLocked(s.sess.store.now(), s.sess.store.Limits().ResumeWindow)
-	s.mu.Unlock()
-	if n > 0 {
-		s.sess.store.release(n, s)
+	return s.evictLocked(s.sess.store.now(), s.sess.store.Limits().ResumeWindow)
+}
+
+func (s *memStream) Resume(cursor uint64, decide func(policy.StreamView) policy.Resume) (policy.Resume, Reader, error) {
+	s.mu.Lock()
+	d := decide(s.viewLocked())
+	switch d.Kind {
+	case policy.Noop, policy.Replay, policy.Gap:
+	default:
+		s.mu.Unlock()
+		return d, nil, nil
 	}
+	freed := s.ackLocked(cursor)
+	var r, old *memReader
+	var err error
+	if d.Kind != policy.Gap || d.Then != policy.ThenError {
+		r, old, err = s.attachLocked(d.From)
+	}
+	s.mu.Unlock()
+	if freed > 0 {
+		s.sess.store.release(freed, s)
+	}
+	s.afterAttach(r, old)
+	if r == nil {
+		return d, nil, err
+	}
+	return d, r, nil
 }
 
 // evict drops the events at the front that policy allows to go.
@@ -744,27 +779,41 @@ func (s *memStream) dropLocked(k int, base policy.EventView, now time.Time, wind
 
 func (s *memStream) Attach(from uint64) (Reader, error) {
 	s.mu.Lock()
+	r, old, err := s.attachLocked(from)
+	s.mu.Unlock()
+	s.afterAttach(r, old)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (s *memStream) attachLocked(from uint64) (r, old *memReader, err error) {
 	if from == FromUndelivered {
 		from = max(s.delivered+1, s.floor)
 	}
 	if from < s.floor {
-		s.mu.Unlock()
-		return nil, ErrBelowFloor
+		return nil, nil, ErrBelowFloor
 	}
 	if s.sess.ctx.Err() != nil {
-		s.mu.Unlock()
-		return nil, ErrSessionGone
+		return nil, nil, ErrSessionGone
 	}
-	old := s.reader
-	r := &memReader{s: s, next: from, done: make(chan struct{})}
+	old = s.reader
+	r = &memReader{s: s, next: from, done: make(chan struct{})}
 	s.reader = r
-	s.mu.Unlock()
+	return r, old, nil
+}
+
+// afterAttach does, without the stream lock, what attaching entails.
+func (s *memStream) afterAttach(r, old *memReader) {
+	if r == nil {
+		return
+	}
 	s.sess.connected.Add(1)
 	s.sess.Touch()
 	if old != nil {
 		old.close(ErrTakenOver)
 	}
-	return r, nil
 }
 
 func (s *memStream) info() StreamInfo {

@@ -133,6 +133,12 @@ type Stream interface {
 	// Attach returns a reader from seq from, taking the stream over from any
 	// attached reader.
 	Attach(from uint64) (Reader, error)
+	// Resume answers a client's Last-Event-ID (its seq in this stream) in one
+	// step, so eviction cannot move the floor between decision and replay:
+	// decide sees the stream, and for Noop, Replay and Gap the cursor is
+	// acknowledged and, unless the gap ends the stream, a reader attached at
+	// the decision's From.
+	Resume(cursor uint64, decide func(policy.StreamView) policy.Resume) (policy.Resume, Reader, error)
 	// ClaimProducer marks an upstream response as feeding this stream; false
 	// if one already does. ReleaseProducer undoes it.
 	ClaimProducer() bool

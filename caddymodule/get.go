@@ -38,7 +38,7 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 		if err != nil {
 			return next.ServeHTTP(w, r)
 		}
-		return h.serveStandalone(w, r, next, sess, stream, buffer.FromUndelivered, nil)
+		return h.serveStandalone(w, r, next, sess, stream)
 	}
 
 	// A resume: decide from what the proxy holds (design §5).
@@ -50,17 +50,28 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 	var stream buffer.Stream
 	if known {
 		in.Session = policy.SessionView{Known: true, Epoch: sess.Epoch(), CredentialOK: h.credentialOK(r, sess.Meta().Fingerprint)}
-		if in.Cursor.Valid && cur.Epoch == sess.Epoch() {
-			if s, ok := sess.Stream(cur.Stream); ok {
-				stream = s
-				v := s.View()
-				in.Stream = &v
-			}
+		if in.Cursor.Valid && cur.Epoch == sess.Epoch() && in.Session.CredentialOK {
+			stream, _ = sess.Stream(cur.Stream)
 		}
 	} else if tomb, ok := st.Tombstone(sid); ok {
 		in.Session = policy.SessionView{Tombstoned: true, TombReason: tomb.Reason, CredentialOK: h.credentialOK(r, tomb.Fingerprint)}
 	}
-	d := policy.DecideResume(in)
+	var d policy.Resume
+	var rd buffer.Reader
+	if stream != nil {
+		// Decide, acknowledge and attach in one step, so the floor cannot
+		// move between the decision and the replay.
+		var err error
+		d, rd, err = stream.Resume(cur.Seq, func(v policy.StreamView) policy.Resume {
+			in.Stream = &v
+			return policy.DecideResume(in)
+		})
+		if err != nil { // the session ended meanwhile
+			return h.reject(w, sid, lastID, http.StatusBadRequest, "the session ended")
+		}
+	} else {
+		d = policy.DecideResume(in)
+	}
 	resumes.WithLabelValues(d.Kind.String()).Inc()
 
 	switch d.Kind {
@@ -73,7 +84,6 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}
 
 	sess.Touch()
-	stream.Ack(cur.Seq)
 	var pre []byte
 	logFields := []zap.Field{zap.String("session", sid), zap.Uint32("stream", cur.Stream), zap.Uint64("seq", cur.Seq),
 		zap.String("outcome", d.Kind.String())}
@@ -99,10 +109,12 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 	} else {
 		h.logger.Debug("resume", logFields...)
 	}
-	if stream.Kind() == policy.StandaloneStream {
-		return h.serveStandalone(w, r, next, sess, stream, d.From, pre)
+	replayUpTo := stream.View().Head
+	if stream.Kind() == policy.StandaloneStream && stream.ClaimProducer() {
+		// No upstream GET feeds the standalone stream: this request opens one.
+		return h.produceStandalone(w, r, next, sess, stream, rd, pre)
 	}
-	return h.serveReplay(w, r, sess, stream, d.From, pre)
+	return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
 }
 
 func (h *Handler) reject(w http.ResponseWriter, sid, lastID string, status int, detail string) error {
@@ -132,39 +144,45 @@ func (h *Handler) writeSSE(w http.ResponseWriter, b []byte) bool {
 	return http.NewResponseController(w).Flush() == nil
 }
 
-// serveReplay answers a resume of a request stream: the log from `from`,
-// then live until the stream ends. Its upstream read (if still running)
-// belongs to the original POST.
-func (h *Handler) serveReplay(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream, from uint64, pre []byte) error {
-	rd, err := stream.Attach(from)
-	if err != nil {
-		h.writeSSE(w, pre)
-		return nil
-	}
+// relayTo starts an SSE response with pre and relays the stream from the
+// reader's position until the stream ends, the client leaves or another
+// connection takes over. Events up to replayUpTo count as replayed.
+func (h *Handler) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
+	rd buffer.Reader, pre []byte, replayUpTo uint64) error {
 	if !h.writeSSE(w, pre) {
 		rd.Close()
 		return nil
 	}
 	rl := h.newRelay(w, sess, stream, rd)
-	rl.replayUpTo = stream.View().Head
+	rl.replayUpTo = replayUpTo
 	rl.run(r.Context())
 	return nil
 }
 
-// serveStandalone serves the session's standalone stream from `from`. If no
-// upstream GET feeds it, this request opens one (without the client's
-// Last-Event-ID, which the upstream knows nothing of) and keeps reading it
-// after the client leaves, for as long as the session lives.
+// serveStandalone serves a GET without Last-Event-ID on the session's
+// standalone stream, from the first event no client was sent.
 func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
-	sess buffer.Session, stream buffer.Stream, from uint64, pre []byte) error {
-	if !stream.ClaimProducer() {
-		return h.serveReplay(w, r, sess, stream, from, pre)
+	sess buffer.Session, stream buffer.Stream) error {
+	producer := stream.ClaimProducer()
+	rd, err := stream.Attach(buffer.FromUndelivered)
+	if err != nil {
+		if producer {
+			stream.ReleaseProducer()
+		}
+		return h.reject(w, sess.ID(), "", http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
 	}
-	return h.produceStandalone(w, r, next, sess, stream, from, pre)
+	if producer {
+		return h.produceStandalone(w, r, next, sess, stream, rd, nil)
+	}
+	return h.relayTo(w, r, sess, stream, rd, preamble(nil, sess, stream), 0)
 }
 
+// produceStandalone opens the upstream GET that feeds the session's
+// standalone stream (without the client's Last-Event-ID, which the upstream
+// knows nothing of) and keeps reading it after the client leaves, for as long
+// as the session lives. The caller claimed the producer role and attached rd.
 func (h *Handler) produceStandalone(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
-	sess buffer.Session, stream buffer.Stream, from uint64, pre []byte) (err error) {
+	sess buffer.Session, stream buffer.Stream, rd buffer.Reader, pre []byte) (err error) {
 	defer stream.ReleaseProducer()
 	ctx, cancel := h.detach(r)
 	defer cancel()
@@ -179,12 +197,9 @@ func (h *Handler) produceStandalone(w http.ResponseWriter, r *http.Request, next
 			h.zone.store.Delete(sid, policy.ReasonDeleted)
 		}
 	}
+	replayUpTo := stream.View().Head
 	var relayDone chan struct{}
 	tw.start = func(int) buffer.Stream {
-		rd, err := stream.Attach(from)
-		if err != nil {
-			return nil
-		}
 		if len(pre) == 0 {
 			pre = preamble(nil, sess, stream)
 		}
@@ -193,9 +208,7 @@ func (h *Handler) produceStandalone(w http.ResponseWriter, r *http.Request, next
 			return stream
 		}
 		rl := h.newRelay(w, sess, stream, rd)
-		if from != buffer.FromUndelivered {
-			rl.replayUpTo = stream.View().Head
-		}
+		rl.replayUpTo = replayUpTo
 		relayDone = make(chan struct{})
 		go func() {
 			defer close(relayDone)
@@ -205,6 +218,7 @@ func (h *Handler) produceStandalone(w http.ResponseWriter, r *http.Request, next
 	}
 	defer func() {
 		if !tw.tapping {
+			rd.Close() // the upstream answered without a stream: its answer went to the client
 			return
 		}
 		p := recover()

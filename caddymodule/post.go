@@ -99,7 +99,6 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 	if known {
 		if !h.credentialOK(r, sess.Meta().Fingerprint) {
 			h.logger.Warn("request rejected: credentials differ from the session's", zap.String("session", sid))
-			resumes.WithLabelValues("rejected").Inc()
 			writeError(w, http.StatusForbidden, jsonrpc.CodeResumeDenied, "mcp-resume: credentials differ from the session's")
 			return nil
 		}
@@ -138,13 +137,15 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	key := retryKey(sid, ids, body)
 	if num, ok := h.zone.retries.Get(key); ok {
-		if stream, ok := sess.Stream(num); ok && stream.View().Floor == 1 {
-			// The same request again: the first one's stream is retained from
-			// its start, so replay it rather than run the tool twice.
-			retriesServed.Inc()
-			h.logger.Info("repeated request answered from the retained stream",
-				zap.String("session", sid), zap.Uint32("stream", num), zap.Strings("request_ids", ids))
-			return h.serveReplay(w, r, sess, stream, 1, preamble(nil, sess, stream))
+		if stream, ok := sess.Stream(num); ok {
+			// The same request again: if the first one's stream is retained
+			// from its start, replay it rather than run the tool twice.
+			if rd, err := stream.Attach(1); err == nil {
+				retriesServed.Inc()
+				h.logger.Info("repeated request answered from the retained stream",
+					zap.String("session", sid), zap.Uint32("stream", num), zap.Strings("request_ids", ids))
+				return h.relayTo(w, r, sess, stream, rd, preamble(nil, sess, stream), stream.View().Head)
+			}
 		}
 	}
 	return h.serveCall(w, r, next, sess, sid, "", ids, key)
