@@ -31,9 +31,6 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 		if !known {
 			return next.ServeHTTP(w, r)
 		}
-		if !h.credentialOK(r, sess.Meta().Fingerprint) {
-			return h.reject(w, sid, lastID, http.StatusForbidden, "credentials differ from the session's")
-		}
 		stream, err := sess.Standalone()
 		if err != nil {
 			return next.ServeHTTP(w, r)
@@ -54,7 +51,8 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 			stream, _ = sess.Stream(cur.Stream)
 		}
 	} else if tomb, ok := st.Tombstone(sid); ok {
-		in.Session = policy.SessionView{Tombstoned: true, TombReason: tomb.Reason, CredentialOK: h.credentialOK(r, tomb.Fingerprint)}
+		in.Session = policy.SessionView{Tombstoned: true, TombReason: tomb.Reason, TombEpoch: tomb.Epoch,
+			CredentialOK: h.credentialOK(r, tomb.Fingerprint)}
 	}
 	var d policy.Resume
 	var rd buffer.Reader
@@ -227,6 +225,9 @@ func (h *Handler) produceStandalone(w http.ResponseWriter, r *http.Request, next
 		}
 		// The standalone stream outlives one upstream GET; only a failed
 		// append (stall, oversized event) ends it.
+		if p == nil && tw.appendErr == nil {
+			tw.appendErr = tw.parser.Finish(tw.appendEvent) // an event the upstream left unterminated
+		}
 		if tw.appendErr != nil {
 			var fe *buffer.FailedError
 			switch {
@@ -328,12 +329,8 @@ func (h *Handler) serveDelete(w http.ResponseWriter, r *http.Request, next caddy
 	if sid == "" {
 		return next.ServeHTTP(w, r)
 	}
-	sess, known := h.zone.store.Session(sid)
-	if !known {
+	if _, known := h.zone.store.Session(sid); !known {
 		return next.ServeHTTP(w, r)
-	}
-	if !h.credentialOK(r, sess.Meta().Fingerprint) {
-		return h.reject(w, sid, "", http.StatusForbidden, "credentials differ from the session's")
 	}
 	return next.ServeHTTP(&statusWriter{
 		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},

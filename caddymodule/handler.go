@@ -158,7 +158,7 @@ func (h *Handler) setDefaults() {
 	setInt(&h.MaxTotalBytes, DefaultMaxTotalBytes)
 	setInt(&h.MaxRequestBytes, DefaultMaxRequestBytes)
 	if h.MaxEventBytes == 0 {
-		h.MaxEventBytes = min(DefaultMaxEventBytes, h.MaxStreamBytes-4096)
+		h.MaxEventBytes = min(DefaultMaxEventBytes, h.MaxStreamBytes/2)
 	}
 	if h.MaxSessions == 0 {
 		h.MaxSessions = DefaultMaxSessions
@@ -173,6 +173,12 @@ func (h *Handler) setDefaults() {
 
 // Validate checks the configuration; errors name the subdirective.
 func (h *Handler) Validate() error {
+	if h.MaxStreamBytes > 0 && h.MaxStreamBytes < 8<<10 {
+		return fmt.Errorf("mcp_resume: max_stream_bytes (%d) is too small; use at least 8KiB", h.MaxStreamBytes)
+	}
+	if h.MaxEventBytes > 0 && h.MaxEventBytes < 1<<10 {
+		return fmt.Errorf("mcp_resume: max_event_bytes (%d) is too small for MCP messages; use at least 1KiB", h.MaxEventBytes)
+	}
 	type pos struct {
 		name string
 		v    int64
@@ -232,6 +238,18 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	// Any request naming a session the proxy holds (or remembers) must carry
+	// its credentials, whatever its method, version, content type or body:
+	// checked first, so no path around it exists.
+	if sid := r.Header.Get(hdrSessionID); sid != "" {
+		if sess, ok := h.zone.store.Session(sid); ok {
+			if !h.credentialOK(r, sess.Meta().Fingerprint) {
+				return h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden, "credentials differ from the session's")
+			}
+		} else if tomb, ok := h.zone.store.Tombstone(sid); ok && !h.credentialOK(r, tomb.Fingerprint) {
+			return h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden, "credentials differ from the session's")
+		}
+	}
 	switch r.Method {
 	case http.MethodPost:
 		return h.servePost(w, r, next)

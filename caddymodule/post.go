@@ -97,12 +97,7 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 	st := h.zone.store
 	sess, known := st.Session(sid)
 	if known {
-		if !h.credentialOK(r, sess.Meta().Fingerprint) {
-			h.logger.Warn("request rejected: credentials differ from the session's", zap.String("session", sid))
-			writeError(w, http.StatusForbidden, jsonrpc.CodeResumeDenied, "mcp-resume: credentials differ from the session's")
-			return nil
-		}
-		sess.Touch()
+		sess.Touch() // credentials were checked in ServeHTTP
 	}
 	var ids []string
 	for _, c := range calls {
@@ -263,6 +258,12 @@ func (h *Handler) finishRequestStream(tw *tapWriter, broken bool) {
 	case broken:
 		s.Fail(policy.ReasonUpstreamFailed)
 	default:
+		// An event the upstream ended without its blank line is complete
+		// as far as clients go (the SDK clients dispatch it at EOF).
+		if err := tw.parser.Finish(tw.appendEvent); err != nil {
+			s.Fail(policy.ReasonTooLarge)
+			return
+		}
 		s.Complete()
 	}
 }

@@ -19,6 +19,7 @@ type SessionView struct {
 	CredentialOK bool   // the request's credential fingerprint matches the session's (or the tombstone's)
 	Tombstoned   bool   // not known, but recently expired or deleted here
 	TombReason   Reason // why, when Tombstoned
+	TombEpoch    string // the ended session's epoch, when Tombstoned
 }
 
 // StreamView is what the resume decision needs to know about the stream the
@@ -88,6 +89,8 @@ func DecideResume(in ResumeInput) Resume {
 			return Resume{Kind: PassThrough}
 		case s.Tombstoned && !s.CredentialOK:
 			return reject(http.StatusForbidden, "credentials differ from the session's")
+		case s.Tombstoned && s.TombEpoch != "" && in.Cursor.Epoch != s.TombEpoch:
+			return reject(http.StatusBadRequest, "Last-Event-ID belongs to another session")
 		case s.Tombstoned:
 			return Resume{Kind: Adopt, Reason: s.TombReason}
 		default:

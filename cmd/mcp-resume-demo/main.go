@@ -41,7 +41,9 @@ func main() {
 	defer stop()
 
 	errc := make(chan error, 1)
-	go func() { errc <- demoserver.ListenAndServe(ctx, *upstream, demoserver.Options{ProgressInterval: *interval}) }()
+	go func() {
+		errc <- demoserver.ListenAndServe(ctx, *upstream, demoserver.Options{ProgressInterval: *interval})
+	}()
 
 	cfg := defaultCaddyfile
 	if *config != "" {

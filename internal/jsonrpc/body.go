@@ -43,37 +43,37 @@ func ParseBody(body []byte) (calls []Call, batch bool, err error) {
 }
 
 func parseOne(raw []byte) (Call, error) {
-	var m struct {
-		Method *string          `json:"method"`
-		ID     json.RawMessage  `json:"id"`
-		Result json.RawMessage  `json:"result"`
-		Error  json.RawMessage  `json:"error"`
-		Params *json.RawMessage `json:"params"`
-	}
-	if err := json.Unmarshal(raw, &m); err != nil {
+	// Member names are case-sensitive, as in the upstream SDKs.
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
 		return Call{}, ErrBody
 	}
 	var c Call
-	if len(m.ID) > 0 && !bytes.Equal(m.ID, []byte("null")) {
-		c.ID = m.ID
+	if id, ok := m["id"]; ok && !bytes.Equal(id, []byte("null")) {
+		c.ID = id
 	}
+	method, hasMethod := m["method"]
+	_, hasResult := m["result"]
+	_, hasError := m["error"]
 	switch {
-	case m.Method != nil:
-		c.Method = *m.Method
+	case hasMethod && !bytes.Equal(method, []byte("null")):
+		if err := json.Unmarshal(method, &c.Method); err != nil {
+			return Call{}, ErrBody
+		}
 		c.Kind = Notification
 		if c.ID != nil {
 			c.Kind = Request
 		}
-	case m.Result != nil || m.Error != nil:
+	case hasResult || hasError:
 		c.Kind = Response
 	default:
 		return Call{}, ErrBody
 	}
-	if c.Method == "initialize" && m.Params != nil {
+	if params, ok := m["params"]; ok && c.Method == "initialize" {
 		var p struct {
 			ProtocolVersion string `json:"protocolVersion"`
 		}
-		_ = json.Unmarshal(*m.Params, &p)
+		_ = json.Unmarshal(params, &p)
 		c.ProtocolVersion = p.ProtocolVersion
 	}
 	return c, nil

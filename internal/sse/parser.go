@@ -163,3 +163,24 @@ func isDigits(b []byte) bool {
 	}
 	return len(b) > 0
 }
+
+// Finish ends the input: a pending unterminated line is processed and a
+// pending event that has data is dispatched, as at a blank line.
+func (p *Parser) Finish(emit func(*Event) error) error {
+	max := p.MaxEventBytes
+	if max <= 0 {
+		max = DefaultMaxEventBytes
+	}
+	if len(p.line) > 0 {
+		line := p.line
+		p.line = nil
+		if err := p.processLine(line, max, emit); err != nil {
+			return err
+		}
+	}
+	if !p.ev.HasData {
+		p.ev, p.data, p.size = Event{}, p.data[:0], 0
+		return nil
+	}
+	return p.dispatch(emit)
+}

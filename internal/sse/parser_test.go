@@ -402,3 +402,32 @@ func BenchmarkParser(b *testing.B) {
 	b.Run("100B", func(b *testing.B) { benchmarkParser(b, 100) })
 	b.Run("4KiB", func(b *testing.B) { benchmarkParser(b, 4<<10) })
 }
+
+// Finish dispatches an event the input ended without its blank line, as
+// clients do at EOF, and nothing for a pending event without data.
+func TestFinishDispatchesUnterminatedEvent(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"data: x", []string{"x"}},
+		{"data: x\n", []string{"x"}},
+		{"data: a\ndata: b\r", []string{"a\nb"}},
+		{"id: 1\n", nil},
+		{"data: done\n\n", []string{"done"}},
+		{"", nil},
+	} {
+		var p Parser
+		var got []string
+		emit := func(ev *Event) error { got = append(got, string(ev.Data)); return nil }
+		if err := p.Feed([]byte(tc.in), emit); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Finish(emit); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Join(got, "|") != strings.Join(tc.want, "|") {
+			t.Errorf("%q: got %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

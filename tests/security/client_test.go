@@ -1,0 +1,618 @@
+package security
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// siteFor is a Caddyfile site body: mcp_resume with the given options in
+// front of upstream (host:port).
+func siteFor(upstream, moduleOptions string) string {
+	if moduleOptions != "" {
+		moduleOptions = "{\n" + moduleOptions + "\n}"
+	}
+	return fmt.Sprintf(`	route /mcp* {
+		mcp_resume %s
+		reverse_proxy %s
+	}`, moduleOptions, upstream)
+}
+
+// client speaks Streamable HTTP by hand. Its methods return errors rather
+// than failing a test, so background goroutines can use them too.
+type client struct {
+	url     string
+	sid     string
+	version string
+	header  http.Header // sent with every request (credentials)
+	http    *http.Client
+}
+
+func newClient(base, version string, header http.Header) *client {
+	if header == nil {
+		header = http.Header{}
+	}
+	return &client{url: base + "/mcp", version: version, header: header,
+		http: &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableCompression: true}}}
+}
+
+// with returns a copy of c that sends other credentials (same session).
+func (c *client) with(header http.Header) *client {
+	d := *c
+	if header == nil {
+		header = http.Header{}
+	}
+	d.header = header
+	return &d
+}
+
+// do sends a request. body "" means none; extra headers override defaults;
+// an extra header with a nil value is removed.
+func (c *client) do(method, body string, extra http.Header) (*http.Response, error) {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, c.url, rd)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range c.header {
+		req.Header[k] = v
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+	} else {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	if c.sid != "" {
+		req.Header.Set("Mcp-Session-Id", c.sid)
+		if c.version != "" {
+			req.Header.Set("Mcp-Protocol-Version", c.version)
+		}
+	}
+	for k, v := range extra {
+		if v == nil {
+			req.Header.Del(k)
+		} else {
+			req.Header[http.CanonicalHeaderKey(k)] = v
+		}
+	}
+	return c.http.Do(req)
+}
+
+// initialize opens a session and sends notifications/initialized.
+func (c *client) initialize() error {
+	resp, err := c.do("POST", fmt.Sprintf(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":%q,"capabilities":{},"clientInfo":{"name":"security","version":"1"}}}`, c.version), nil)
+	if err != nil {
+		return err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("initialize: %d %s", resp.StatusCode, body)
+	}
+	c.sid = resp.Header.Get("Mcp-Session-Id")
+	if c.sid == "" || !bytes.Contains(body, []byte(c.version)) {
+		return fmt.Errorf("initialize: no session or other version: %q", body)
+	}
+	resp, err = c.do("POST", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 202 {
+		return fmt.Errorf("notifications/initialized: %d", resp.StatusCode)
+	}
+	return nil
+}
+
+func (c *client) mustInit(t *testing.T) *client {
+	t.Helper()
+	if err := c.initialize(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// callBody is a tools/call request with a progress token.
+func callBody(id any, tool string, args map[string]any, token string) string {
+	a, _ := json.Marshal(args)
+	i, _ := json.Marshal(id)
+	return fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":%q,"arguments":%s,"_meta":{"progressToken":%q}}}`, i, tool, a, token)
+}
+
+// call starts a tools/call and returns its open SSE response.
+func (c *client) call(id any, tool string, args map[string]any, token string) (*http.Response, error) {
+	resp, err := c.do("POST", callBody(id, tool, args, token), nil)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != 200 || mediaType(resp.Header) != "text/event-stream" {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return nil, fmt.Errorf("tools/call %s: %d %s %s", tool, resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	return resp, nil
+}
+
+// resume sends GET with Last-Event-ID.
+func (c *client) resume(lastID string) (*http.Response, error) {
+	return c.do("GET", "", http.Header{"Last-Event-Id": {lastID}})
+}
+
+func mediaType(h http.Header) string {
+	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
+	return mt
+}
+
+// exchange is a finished request: status, headers, the whole body, and the
+// events in it when it was SSE.
+type exchange struct {
+	status int
+	header http.Header
+	body   []byte
+	events []harness.SSEEvent
+}
+
+func (x exchange) String() string {
+	b := x.body
+	if len(b) > 600 {
+		b = append(b[:600:600], "…"...)
+	}
+	return fmt.Sprintf("%d %s %q", x.status, x.header.Get("Content-Type"), b)
+}
+
+// finish reads the response to its end.
+func finish(resp *http.Response, err error) (exchange, error) {
+	if err != nil {
+		return exchange{}, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	x := exchange{status: resp.StatusCode, header: resp.Header, body: body}
+	if err != nil {
+		return x, fmt.Errorf("reading body: %v (after %d bytes)", err, len(body))
+	}
+	if mediaType(resp.Header) == "text/event-stream" {
+		x.events, err = parseSSE(body)
+	}
+	return x, err
+}
+
+func mustFinish(t *testing.T, resp *http.Response, err error) exchange {
+	t.Helper()
+	x, err := finish(resp, err)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+// must is mustFinish for a call returning (*http.Response, error):
+// must(t)(c.resume(id)).
+func must(t *testing.T) func(*http.Response, error) exchange {
+	return func(resp *http.Response, err error) exchange {
+		t.Helper()
+		return mustFinish(t, resp, err)
+	}
+}
+
+// parseSSE splits a complete SSE body (as the proxy writes it: LF line
+// endings) into events. A CR anywhere is an error: the proxy re-frames
+// upstream events with LF only.
+func parseSSE(body []byte) ([]harness.SSEEvent, error) {
+	var evs []harness.SSEEvent
+	err := streamEvents(bytes.NewReader(body), func(ev harness.SSEEvent) bool {
+		evs = append(evs, ev)
+		return true
+	})
+	return evs, err
+}
+
+// streamEvents reads SSE events as they arrive and calls fn for each,
+// until the body ends or fn returns false. Comments are skipped; an event
+// is anything with an id, event or data field.
+func streamEvents(r io.Reader, fn func(harness.SSEEvent) bool) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var cur harness.SSEEvent
+	var data []string
+	has := false
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			if err == io.EOF {
+				if line != "" {
+					return fmt.Errorf("SSE body ends inside a line: %q", line)
+				}
+				if has {
+					return fmt.Errorf("SSE body ends inside an event: %+v", cur)
+				}
+				return nil
+			}
+			return err
+		}
+		line = line[:len(line)-1]
+		if strings.ContainsRune(line, '\r') {
+			return fmt.Errorf("CR in a line the proxy wrote: %q", line)
+		}
+		switch {
+		case line == "":
+			if has {
+				cur.Data = strings.Join(data, "\n")
+				if !fn(cur) {
+					return nil
+				}
+			}
+			cur, data, has = harness.SSEEvent{}, nil, false
+		case strings.HasPrefix(line, ":"):
+		case strings.HasPrefix(line, "id:"):
+			cur.ID, has = strings.TrimPrefix(strings.TrimPrefix(line, "id:"), " "), true
+		case strings.HasPrefix(line, "event:"):
+			cur.Type, has = strings.TrimPrefix(strings.TrimPrefix(line, "event:"), " "), true
+		case strings.HasPrefix(line, "data:"):
+			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
+			has = true
+		case strings.HasPrefix(line, "retry:"):
+			has = true
+		default:
+			return fmt.Errorf("unexpected line from the proxy: %q", line)
+		}
+	}
+}
+
+// rpcError checks that x is status with a JSON-RPC error body (Content-Type
+// application/json, an "error" object with a code and a message) and
+// returns the error.
+func rpcError(t *testing.T, x exchange, status int) (code int, message string) {
+	t.Helper()
+	if x.status != status {
+		t.Fatalf("want %d with a JSON-RPC error, got %s", status, x)
+	}
+	if mt := mediaType(x.header); mt != "application/json" {
+		t.Fatalf("want Content-Type application/json, got %q (%s)", mt, x)
+	}
+	var m struct {
+		JSONRPC string `json:"jsonrpc"`
+		Error   *struct {
+			Code    *int   `json:"code"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(x.body, &m); err != nil || m.JSONRPC != "2.0" || m.Error == nil || m.Error.Code == nil || m.Error.Message == "" {
+		t.Fatalf("want a JSON-RPC error object, got %s (%v)", x, err)
+	}
+	return *m.Error.Code, m.Error.Message
+}
+
+// message is a JSON-RPC message as tests look at it.
+type message struct {
+	ID     json.RawMessage `json:"id"`
+	Method string          `json:"method"`
+	Params struct {
+		ProgressToken any     `json:"progressToken"`
+		Progress      float64 `json:"progress"`
+		Level         string  `json:"level"`
+		Logger        string  `json:"logger"`
+		Data          any     `json:"data"`
+	} `json:"params"`
+	Result *struct {
+		Content []struct {
+			Text string `json:"text"`
+		} `json:"content"`
+		StructuredContent map[string]any `json:"structuredContent"`
+	} `json:"result"`
+	Error *struct {
+		Code    int            `json:"code"`
+		Message string         `json:"message"`
+		Data    map[string]any `json:"data"`
+	} `json:"error"`
+}
+
+func decode(data string) (message, bool) {
+	var m message
+	err := json.Unmarshal([]byte(data), &m)
+	return m, err == nil
+}
+
+// gapData is the data of the proxy's gap event.
+type gapData struct {
+	LastEventID string `json:"lastEventId"`
+	ResumeFrom  string `json:"resumeFrom"`
+	Lost        int64  `json:"lost"`
+	Reason      string `json:"reason"`
+}
+
+// checkIDs checks that every event carries a proxy ID of one stream, with
+// contiguous seqs (a leading priming event at seq 0 allowed), and returns
+// the parsed IDs.
+func checkIDs(evs []harness.SSEEvent) ([]eventid.ID, error) {
+	var out []eventid.ID
+	for i, ev := range evs {
+		id, err := eventid.Parse(ev.ID)
+		if err != nil {
+			return nil, fmt.Errorf("event %d: id %q is not a proxy id: %+v", i, ev.ID, ev)
+		}
+		if i > 0 {
+			prev := out[i-1]
+			if id.Epoch != prev.Epoch || id.Stream != prev.Stream {
+				return nil, fmt.Errorf("event %d: id %s after %s: another stream", i, ev.ID, prev)
+			}
+			if id.Seq != prev.Seq+1 && ev.Type != "gap" {
+				return nil, fmt.Errorf("event %d: id %s after %s: not contiguous", i, ev.ID, prev)
+			}
+		}
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// rawExchange writes raw request bytes on a fresh connection and reads one
+// response. With headersOnly the body is not read (an open stream).
+func rawExchange(addr, request string, headersOnly bool) (exchange, error) {
+	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return exchange{}, err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(conn, request); err != nil {
+		return exchange{}, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return exchange{}, fmt.Errorf("reading response: %v", err)
+	}
+	if headersOnly {
+		return exchange{status: resp.StatusCode, header: resp.Header}, nil
+	}
+	return finish(resp, nil)
+}
+
+// rawGet builds a GET /mcp with the given header lines (each without CRLF;
+// they are written verbatim, so they may carry anything).
+func rawGet(host, sid, version string, lines ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "GET /mcp HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\nConnection: close\r\n", host)
+	if sid != "" {
+		fmt.Fprintf(&b, "Mcp-Session-Id: %s\r\nMcp-Protocol-Version: %s\r\n", sid, version)
+	}
+	for _, l := range lines {
+		b.WriteString(l)
+		b.WriteString("\r\n")
+	}
+	b.WriteString("\r\n")
+	return b.String()
+}
+
+// background is a session that keeps a long tool call streaming, call after
+// call, and checks every event it gets: proxy IDs contiguous within the
+// stream, progress 1..n in order with its own token, the final result for
+// its own request id, then the end of the stream. Nothing lost, nothing
+// foreign.
+type background struct {
+	name   string
+	c      *client
+	n      int
+	events atomic.Int64
+	calls  atomic.Int64
+	stop   chan struct{}
+	done   chan struct{}
+
+	mu   sync.Mutex
+	errs []error
+	last string // the last event id seen
+}
+
+// startBackground opens a session on base and starts calling `count`
+// (n steps, intervalMS apart) until finish.
+func startBackground(t *testing.T, base, name, version string, n, intervalMS int) *background {
+	t.Helper()
+	b := &background{name: name, c: newClient(base, version, nil), n: n, stop: make(chan struct{}), done: make(chan struct{})}
+	b.c.mustInit(t)
+	go b.run(intervalMS)
+	t.Cleanup(func() {
+		select {
+		case <-b.stop:
+		default:
+			close(b.stop)
+		}
+		<-b.done
+	})
+	return b
+}
+
+func (b *background) fail(err error) {
+	b.mu.Lock()
+	b.errs = append(b.errs, err)
+	b.mu.Unlock()
+}
+
+func (b *background) run(intervalMS int) {
+	defer close(b.done)
+	for k := 1; ; k++ {
+		select {
+		case <-b.stop:
+			return
+		default:
+		}
+		if err := b.oneCall(k, intervalMS); err != nil {
+			b.fail(fmt.Errorf("%s call %d: %v", b.name, k, err))
+			return
+		}
+		b.calls.Add(1)
+	}
+}
+
+func (b *background) oneCall(k, intervalMS int) error {
+	token := fmt.Sprintf("%s-call-%d", b.name, k)
+	reqID := 1000 + k
+	resp, err := b.c.call(reqID, "count", map[string]any{"n": b.n, "interval_ms": intervalMS}, token)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var (
+		prev     *eventid.ID
+		progress int
+		result   bool
+		perr     error
+	)
+	err = streamEvents(resp.Body, func(ev harness.SSEEvent) bool {
+		id, err := eventid.Parse(ev.ID)
+		if err != nil {
+			perr = fmt.Errorf("event without a proxy id: %+v", ev)
+			return false
+		}
+		if prev != nil && (id.Epoch != prev.Epoch || id.Stream != prev.Stream || id.Seq != prev.Seq+1) {
+			perr = fmt.Errorf("id %s after %s: not contiguous", ev.ID, prev)
+			return false
+		}
+		prev = &id
+		b.mu.Lock()
+		b.last = ev.ID
+		b.mu.Unlock()
+		if id.Seq == 0 && ev.Data == "" && ev.Type == "" {
+			return true // priming (2025-11-25)
+		}
+		if result {
+			perr = fmt.Errorf("event after the final result: %+v", ev)
+			return false
+		}
+		m, ok := decode(ev.Data)
+		switch {
+		case !ok || (ev.Type != "" && ev.Type != "message"):
+			perr = fmt.Errorf("unexpected event %+v", ev)
+		case m.Method == "notifications/progress":
+			progress++
+			if m.Params.ProgressToken != token || int(m.Params.Progress) != progress {
+				perr = fmt.Errorf("progress %v (token %v) where %d (token %s) was due: lost, reordered or foreign",
+					m.Params.Progress, m.Params.ProgressToken, progress, token)
+			}
+			b.events.Add(1)
+		case m.Result != nil:
+			if string(m.ID) != fmt.Sprint(reqID) || progress != b.n {
+				perr = fmt.Errorf("result for id %s after %d of %d progress events", m.ID, progress, b.n)
+			}
+			result = true
+		default:
+			perr = fmt.Errorf("unexpected message %s", ev.Data)
+		}
+		return perr == nil
+	})
+	if perr != nil {
+		return perr
+	}
+	if err != nil {
+		return err
+	}
+	if !result {
+		return fmt.Errorf("stream ended after %d of %d progress events without the result", progress, b.n)
+	}
+	return nil
+}
+
+// lastID is the last event ID the session saw.
+func (b *background) lastID() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.last
+}
+
+// errors returns what went wrong so far.
+func (b *background) errors() []error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]error(nil), b.errs...)
+}
+
+// flowing waits until at least k more events arrived, and fails the test if
+// they do not or anything went wrong.
+func (b *background) flowing(t *testing.T, k int64) {
+	t.Helper()
+	start := b.events.Load()
+	deadline := time.Now().Add(20 * time.Second)
+	for b.events.Load() < start+k {
+		if errs := b.errors(); len(errs) > 0 {
+			t.Fatalf("background session %s: %v", b.name, errors.Join(errs...))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("background session %s stalled: %d events in 20s", b.name, b.events.Load()-start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// finish stops after the current call (which must complete in full) and
+// reports.
+func (b *background) finish(t *testing.T) {
+	t.Helper()
+	close(b.stop)
+	select {
+	case <-b.done:
+	case <-time.After(60 * time.Second):
+		t.Fatalf("background session %s did not finish its call", b.name)
+	}
+	if errs := b.errors(); len(errs) > 0 {
+		t.Errorf("background session %s: %v", b.name, errors.Join(errs...))
+	}
+	if b.calls.Load() == 0 {
+		t.Errorf("background session %s completed no call", b.name)
+	}
+	t.Logf("background session %s: %d calls, %d progress events, all contiguous and complete", b.name, b.calls.Load(), b.events.Load())
+}
+
+// sessionInfo is the admin API's view of one session.
+type sessionInfo struct {
+	ID      string `json:"id"`
+	Epoch   string `json:"epoch"`
+	Streams []struct {
+		Num   uint32 `json:"stream"`
+		Kind  string `json:"kind"`
+		State string `json:"state"`
+		Bytes int64  `json:"retained_bytes"`
+	} `json:"streams"`
+}
+
+// adminSession returns the proxy's view of a session, ok false if it holds none.
+func adminSession(t *testing.T, c *harness.Caddy, sid string) (sessionInfo, bool) {
+	t.Helper()
+	resp, err := http.Get(c.Admin() + "/mcp_resume/sessions/" + sid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return sessionInfo{}, false
+	}
+	var s sessionInfo
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s, true
+}
+
+// noLeak fails if any of the secrets appears in b.
+func noLeak(t *testing.T, what string, b []byte, secrets ...string) {
+	t.Helper()
+	for _, s := range secrets {
+		if s != "" && bytes.Contains(b, []byte(s)) {
+			t.Fatalf("%s leaks %q: %q", what, s, b)
+		}
+	}
+}

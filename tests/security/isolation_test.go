@@ -1,0 +1,126 @@
+package security
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// TestIsolation: a cursor only ever opens its own session's own stream. IDs
+// of another session (valid format, other epoch) and stream numbers the
+// session does not have get 400 with a JSON-RPC error body and no events;
+// with two concurrent tool calls in one session, a cursor of stream A
+// replays exactly A's missed events and never one of B's, and vice versa.
+func TestIsolation(t *testing.T) {
+	upstream := harness.StartDemo(t, demoserver.Options{})
+	caddy := harness.StartCaddy(t, siteFor(upstream, ""))
+
+	s1 := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
+	s2 := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
+	x1 := must(t)(s1.call(1, "echo", map[string]any{"text": "s1-secret-aa1"}, "t1"))
+	x2 := must(t)(s2.call(1, "echo", map[string]any{"text": "s2-secret-bb2"}, "t2"))
+	id1, err1 := checkIDs(x1.events)
+	id2, err2 := checkIDs(x2.events)
+	if err1 != nil || err2 != nil || len(id1) != 1 || len(id2) != 1 {
+		t.Fatalf("setup: %v %v: %s / %s", err1, err2, x1, x2)
+	}
+	if id1[0].Epoch == id2[0].Epoch {
+		t.Fatalf("two sessions share the epoch %s", id1[0].Epoch)
+	}
+
+	badRequest := func(t *testing.T, c *client, lastID string, secrets ...string) {
+		t.Helper()
+		x, err := finish(c.resume(lastID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rpcError(t, x, http.StatusBadRequest)
+		noLeak(t, "resume with "+lastID, x.body, secrets...)
+	}
+	t.Run("another session's ID", func(t *testing.T) {
+		// Both at seq 0 (inside the window) and at head.
+		badRequest(t, s1, x2.events[0].ID, "s2-secret-bb2")
+		badRequest(t, s1, eventid.ID{Epoch: id2[0].Epoch, Stream: id2[0].Stream, Seq: 0}.String(), "s2-secret-bb2")
+		badRequest(t, s2, x1.events[0].ID, "s1-secret-aa1")
+	})
+	t.Run("a stream the session does not have", func(t *testing.T) {
+		badRequest(t, s1, eventid.ID{Epoch: id1[0].Epoch, Stream: id1[0].Stream + 50, Seq: 0}.String(), "s1-secret-aa1")
+		badRequest(t, s1, eventid.ID{Epoch: id1[0].Epoch, Stream: 4294967295, Seq: 1}.String(), "s1-secret-aa1")
+	})
+
+	t.Run("two concurrent streams of one session", func(t *testing.T) {
+		const n = 12
+		a, err := s1.call(11, "count", map[string]any{"n": n, "interval_ms": 20}, "token-A")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := s1.call(12, "count", map[string]any{"n": n, "interval_ms": 20}, "token-B")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Read three of A's events, then drop A; read B to its end.
+		var gotA []harness.SSEEvent
+		streamEvents(a.Body, func(ev harness.SSEEvent) bool {
+			gotA = append(gotA, ev)
+			return len(gotA) < 3
+		})
+		a.Body.Close()
+		xb := mustFinish(t, b, nil)
+		checkStream := func(what string, evs []harness.SSEEvent, token string, reqID, firstProgress int) eventid.ID {
+			t.Helper()
+			ids, err := checkIDs(evs)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			for i, ev := range evs {
+				other := map[string]string{"token-A": "token-B", "token-B": "token-A"}[token]
+				if strings.Contains(ev.Data, other) {
+					t.Fatalf("%s: event %d is another stream's: %+v", what, i, ev)
+				}
+				m, _ := decode(ev.Data)
+				if i < len(evs)-1 || m.Result == nil {
+					if m.Params.ProgressToken != token || int(m.Params.Progress) != firstProgress+i {
+						t.Fatalf("%s: event %d: %s, want progress %d of %s", what, i, ev.Data, firstProgress+i, token)
+					}
+				} else if string(m.ID) != fmt.Sprint(reqID) {
+					t.Fatalf("%s: final result for id %s, want %d", what, m.ID, reqID)
+				}
+			}
+			return ids[0]
+		}
+		if len(gotA) != 3 {
+			t.Fatalf("A: got %d events before dropping it", len(gotA))
+		}
+		aFirst := checkStream("A before the drop", gotA, "token-A", 11, 1)
+		if len(xb.events) != n+1 {
+			t.Fatalf("B: want %d events, got %s", n+1, xb)
+		}
+		bFirst := checkStream("B", xb.events, "token-B", 12, 1)
+		if aFirst.Stream == bFirst.Stream {
+			t.Fatalf("A and B share stream %d", aFirst.Stream)
+		}
+
+		// A's cursor replays A's events 4.. and A's result, only.
+		ra := must(t)(s1.resume(gotA[2].ID))
+		if ra.status != 200 || len(ra.events) != n+1-3 {
+			t.Fatalf("resume of A from %s: want %d events, got %s", gotA[2].ID, n+1-3, ra)
+		}
+		if id := checkStream("A resumed", ra.events, "token-A", 11, 4); id.Seq != 4 || id.Stream != aFirst.Stream {
+			t.Fatalf("A resumed at %s, want seq 4 of stream %d", id, aFirst.Stream)
+		}
+		noLeak(t, "A's replay", ra.body, "token-B")
+
+		// B's cursor at 0 replays all of B, only.
+		rb := must(t)(s1.resume(eventid.ID{Epoch: bFirst.Epoch, Stream: bFirst.Stream, Seq: 0}.String()))
+		if rb.status != 200 || len(rb.events) != n+1 {
+			t.Fatalf("resume of B from 0: %s", rb)
+		}
+		checkStream("B resumed", rb.events, "token-B", 12, 1)
+		noLeak(t, "B's replay", rb.body, "token-A")
+	})
+}

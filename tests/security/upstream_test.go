@@ -1,0 +1,243 @@
+package security
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// rawUpstream is a small hand-written Streamable HTTP server that answers
+// initialize normally and then tools/call with whatever SSE bytes the
+// scenario (the tool's name) calls for, malformed ones included. Its count
+// tool behaves like the demo server's, for a background session.
+type rawUpstream struct {
+	sessions atomic.Int64
+}
+
+func (u *rawUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.Method {
+	case http.MethodDelete:
+		w.WriteHeader(http.StatusOK)
+		return
+	case http.MethodPost:
+	default:
+		http.Error(w, "no standalone stream here", http.StatusMethodNotAllowed)
+		return
+	}
+	var req struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+		Params struct {
+			ProtocolVersion string         `json:"protocolVersion"`
+			Name            string         `json:"name"`
+			Arguments       map[string]int `json:"arguments"`
+			Meta            struct {
+				ProgressToken string `json:"progressToken"`
+			} `json:"_meta"`
+		} `json:"params"`
+	}
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	switch {
+	case req.ID == nil:
+		w.WriteHeader(http.StatusAccepted)
+		return
+	case req.Method == "initialize":
+		w.Header().Set("Mcp-Session-Id", fmt.Sprintf("raw-session-%d", u.sessions.Add(1)))
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":%q,"capabilities":{"tools":{}},"serverInfo":{"name":"raw","version":"1"}}}`,
+			req.ID, req.Params.ProtocolVersion)
+		return
+	case req.Method != "tools/call":
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{}}`, req.ID)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	flush := func() { http.NewResponseController(w).Flush() }
+	result := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"done %s"}]}}`, req.ID, req.Params.Name)
+	if req.Params.Name == "count" {
+		n, interval := req.Params.Arguments["n"], time.Duration(req.Params.Arguments["interval_ms"])*time.Millisecond
+		for i := 1; i <= n; i++ {
+			time.Sleep(interval)
+			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":%q,\"progress\":%d,\"total\":%d}}\n\n",
+				req.Params.Meta.ProgressToken, i, n)
+			flush()
+		}
+		fmt.Fprintf(w, "event: message\ndata: %s\n\n", result)
+		return
+	}
+	sc, ok := upstreamScenarios[req.Params.Name]
+	if !ok {
+		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"error\":{\"code\":-32602,\"message\":\"no such tool\"}}\n\n", req.ID)
+		return
+	}
+	body := strings.ReplaceAll(sc.body, "RESULT", result)
+	// Written in small chunks, so events and line endings straddle writes.
+	for len(body) > 0 {
+		k := min(len(body), 7)
+		io.WriteString(w, body[:k])
+		body = body[k:]
+		if len(body)%5 == 0 {
+			flush()
+		}
+	}
+	flush()
+	if sc.cut {
+		// Cut the connection without ending the chunked body: the
+		// upstream died mid-event.
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close()
+		}
+	}
+}
+
+const notice = `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","logger":"raw","data":"%s"}}`
+
+func noticeWith(s string) string { return fmt.Sprintf(notice, s) }
+
+// upstreamScenarios: what the raw upstream answers a tools/call of each
+// name with. RESULT stands for the JSON-RPC result.
+var upstreamScenarios = map[string]struct {
+	body string
+	cut  bool
+}{
+	"no-final-blank-line":    {body: "data: " + noticeWith("first") + "\n\ndata: RESULT"},
+	"no-final-blank-line-lf": {body: "data: " + noticeWith("first") + "\n\ndata: RESULT\n"},
+	"nul-in-data":            {body: "data: " + noticeWith("a\x00b\x00") + "\n\ndata: RESULT\n\n"},
+	"invalid-utf8":           {body: "data: " + noticeWith("\xff\xfe\xc3(\xed\xa0\x80") + "\n\ndata: RESULT\n\n"},
+	"cr-only":                {body: "event: message\rdata: " + noticeWith("cr") + "\r\rdata: RESULT\r\r"},
+	"mixed-endings":          {body: "data: {\"jsonrpc\":\"2.0\",\r\ndata: \"method\":\"notifications/message\",\rdata: \"params\":{\"level\":\"info\",\"logger\":\"raw\",\"data\":\"mixed\"}}\n\r\ndata: RESULT\r\n\r\n"},
+	"upstream-ids":           {body: "id: upstream-secret-1\nretry: 1500\nevent: message\ndata: " + noticeWith("with id") + "\n\nid: up_2\ndata: RESULT\n\n"},
+	"absurdly-long-line":     {body: "data: " + noticeWith("before") + "\n\ndata: " + strings.Repeat("A", 200<<10) + "\n\ndata: RESULT\n\n"},
+	"long-line-no-newline":   {body: "data: " + strings.Repeat("B", 200<<10)},
+	"cut-mid-event":          {body: "data: " + noticeWith("before the cut") + "\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":", cut: true},
+}
+
+// TestMalformedUpstreamSSE: an upstream that speaks malformed SSE. What the
+// client gets is either the upstream's events re-framed (LF line endings,
+// proxy IDs, payload bytes untouched, the upstream's own IDs hidden) or an
+// explicit failure (a gap event and a JSON-RPC error for the request), never
+// a silent loss; and the proxy keeps serving a background session throughout.
+func TestMalformedUpstreamSSE(t *testing.T) {
+	srv := httptest.NewServer(&rawUpstream{})
+	t.Cleanup(srv.Close)
+	caddy := harness.StartCaddy(t, siteFor(strings.TrimPrefix(srv.URL, "http://"), `		max_event_bytes 64KiB
+		max_stream_bytes 1MiB`))
+	bg := startBackground(t, caddy.Base(), "raw-bg", "2025-03-26", 40, 25)
+	c := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
+	bg.flowing(t, 1)
+
+	// reframed checks a stream that must arrive whole: every event under a
+	// contiguous proxy id, the notice's data exactly as sent, then the result.
+	reframed := func(noticeData string) func(t *testing.T, x exchange, id int) {
+		return func(t *testing.T, x exchange, id int) {
+			t.Helper()
+			if _, err := checkIDs(x.events); err != nil {
+				t.Fatal(err)
+			}
+			var datas []string
+			for _, ev := range x.events {
+				datas = append(datas, ev.Data)
+			}
+			want := []string{noticeData, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"result":{"content":[{"type":"text","text":"done %s"}]}}`, id, t.Name()[strings.LastIndex(t.Name(), "/")+1:])}
+			if noticeData == "" {
+				want = want[1:]
+			}
+			if fmt.Sprintf("%q", datas) != fmt.Sprintf("%q", want) {
+				t.Fatalf("events %q,\nwant %q", datas, want)
+			}
+		}
+	}
+	// failed checks an explicit failure: a gap with the reason, then a
+	// JSON-RPC error for the request.
+	failed := func(reason string) func(t *testing.T, x exchange, id int) {
+		return func(t *testing.T, x exchange, id int) {
+			t.Helper()
+			var gap, rpcErr bool
+			for _, ev := range x.events {
+				switch {
+				case ev.Type == "gap":
+					var g gapData
+					if json.Unmarshal([]byte(ev.Data), &g); g.Reason != reason {
+						t.Fatalf("gap %q, want reason %s", ev.Data, reason)
+					}
+					if _, err := eventid.Parse(ev.ID); err != nil {
+						t.Fatalf("gap without a proxy id: %+v", ev)
+					}
+					gap = true
+				case gap:
+					m, ok := decode(ev.Data)
+					if !ok || string(m.ID) != fmt.Sprint(id) || m.Error == nil {
+						t.Fatalf("after the gap, want a JSON-RPC error for id %d: %q", id, ev.Data)
+					}
+					rpcErr = true
+				default:
+					if _, err := eventid.Parse(ev.ID); err != nil {
+						t.Fatalf("event before the failure without a proxy id: %+v", ev)
+					}
+				}
+			}
+			if !gap || !rpcErr {
+				t.Fatalf("want a gap (%s) and a JSON-RPC error for id %d, got %s", reason, id, x)
+			}
+		}
+	}
+	// answered accepts the result (the proxy dispatched the unterminated last
+	// event, as the SDK clients do) or an explicit failure; not a silent end.
+	answered := func(t *testing.T, x exchange, id int) {
+		t.Helper()
+		for _, ev := range x.events {
+			if m, ok := decode(ev.Data); ok && string(m.ID) == fmt.Sprint(id) && (m.Result != nil || m.Error != nil) {
+				return
+			}
+		}
+		t.Fatalf("the upstream's final response (in an event without its closing blank line) was dropped "+
+			"and the client was not told: a client talking to the upstream directly gets it. Got %s", x)
+	}
+
+	for i, tc := range []struct {
+		name  string
+		want  string
+		check func(t *testing.T, x exchange, id int)
+	}{
+		{"no-final-blank-line", "the result (the last event is complete but for its blank line) or an explicit failure", answered},
+		{"no-final-blank-line-lf", "the result or an explicit failure", answered},
+		{"nul-in-data", "re-framed, NUL bytes untouched", reframed(noticeWith("a\x00b\x00"))},
+		{"invalid-utf8", "re-framed, bytes untouched", reframed(noticeWith("\xff\xfe\xc3(\xed\xa0\x80"))},
+		{"cr-only", "re-framed with LF", reframed(noticeWith("cr"))},
+		{"mixed-endings", "re-framed with LF, the data lines joined as sent", reframed("{\"jsonrpc\":\"2.0\",\n\"method\":\"notifications/message\",\n\"params\":{\"level\":\"info\",\"logger\":\"raw\",\"data\":\"mixed\"}}")},
+		{"upstream-ids", "re-framed under proxy ids; the upstream's ids never shown", reframed(noticeWith("with id"))},
+		{"absurdly-long-line", "the events before it, then a gap (too_large) and a JSON-RPC error", failed("too_large")},
+		{"long-line-no-newline", "a gap (too_large) and a JSON-RPC error", failed("too_large")},
+		{"cut-mid-event", "the events before it, then a gap (upstream_failed) and a JSON-RPC error", failed("upstream_failed")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Logf("want: %s", tc.want)
+			id := 100 + i
+			x := must(t)(c.call(id, tc.name, map[string]any{}, "t"))
+			tc.check(t, x, id)
+			noLeak(t, "the stream", x.body, "upstream-secret-1", "up_2", "raw-bg-call")
+		})
+		bg.flowing(t, 2)
+	}
+
+	// The proxy keeps serving: a well-formed call in the same session.
+	x := must(t)(c.call(999, "count", map[string]any{"n": 3, "interval_ms": 1}, "after"))
+	if ids, err := checkIDs(x.events); err != nil || len(ids) != 4 {
+		t.Fatalf("a good call after the malformed ones: %v: %s", err, x)
+	}
+	bg.finish(t)
+}
