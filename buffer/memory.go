@@ -566,11 +566,13 @@ func (s *memStream) ReleaseProducer() {
 	s.mu.Unlock()
 }
 
-// active streams count against MaxStreamsPerSession.
+// active streams count against MaxStreamsPerSession. Ended streams do not:
+// what they still retain is bounded by the byte limits, and counting them
+// would cap a session's call rate at the limit per resume window.
 func (s *memStream) active() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.state == policy.Live || len(s.events) > 0
+	return s.state == policy.Live
 }
 
 func (s *memStream) wakeLocked() {
@@ -638,7 +640,9 @@ func (s *memStream) finish(state policy.StreamState, reason policy.Reason) bool 
 
 // end drops a stream with its session: every event is evictable now.
 func (s *memStream) end(reason policy.Reason) {
-	s.finish(policy.Failed, reason)
+	if s.finish(policy.Failed, reason) {
+		s.sess.store.counters.addFailed(reason)
+	}
 	s.mu.Lock()
 	n := s.dropLocked(len(s.events), policy.EventView{SessionDeleted: true}, time.Time{}, 0)
 	r := s.reader

@@ -52,7 +52,7 @@ type Limits struct {
 	MaxSessionBytes      int64
 	MaxTotalBytes        int64
 	MaxSessions          int
-	MaxStreamsPerSession int           // live streams, or streams still holding events
+	MaxStreamsPerSession int           // live streams
 	ResumeWindow         time.Duration // delivered events stay this long
 	StallTimeout         time.Duration // a full log this long fails its stream
 	SessionIdleTimeout   time.Duration // a session with no client this long expires
@@ -105,7 +105,7 @@ type Session interface {
 	Context() context.Context
 	NewStream(kind policy.StreamKind, requestIDs []string) (Stream, error)
 	Stream(num uint32) (Stream, bool)
-	// ActiveStreams counts streams that are live or still hold events.
+	// ActiveStreams counts live streams.
 	ActiveStreams() int
 	// Standalone returns the session's standalone GET stream, creating it on
 	// first use, or anew if the previous one failed. It stays live across

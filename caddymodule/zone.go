@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"crypto/rand"
 	"crypto/sha256"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -30,6 +31,7 @@ type zone struct {
 	// retained stream instead of running the tool twice. Losing an entry
 	// only means the request runs again, so an evicting cache fits.
 	retries *ristretto.Cache[string, uint32]
+	logger  atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
 }
 
 // Destruct implements caddy.Destructor.
@@ -63,11 +65,10 @@ func loadZone(l buffer.Limits, logger *zap.Logger) (*zone, error) {
 		if err != nil {
 			return nil, err
 		}
-		return &zone{
-			store:   buffer.NewMemoryStore(buffer.Options{Limits: l, Hooks: storeHooks(logger)}),
-			key:     key,
-			retries: retries,
-		}, nil
+		z := &zone{key: key, retries: retries}
+		z.logger.Store(logger)
+		z.store = buffer.NewMemoryStore(buffer.Options{Limits: l, Hooks: storeHooks(z.logger.Load)})
+		return z, nil
 	})
 	if err != nil {
 		return nil, err
@@ -75,6 +76,7 @@ func loadZone(l buffer.Limits, logger *zap.Logger) (*zone, error) {
 	z := v.(*zone)
 	if loaded {
 		z.store.SetLimits(l)
+		z.logger.Store(logger)
 	}
 	return z, nil
 }
@@ -96,27 +98,27 @@ func currentStore() (buffer.Store, bool) {
 }
 
 // storeHooks logs what the store decides on its own.
-func storeHooks(logger *zap.Logger) buffer.Hooks {
+func storeHooks(log func() *zap.Logger) buffer.Hooks {
 	return buffer.Hooks{
 		StallStarted: func(session string, stream uint32) {
-			logger.Info("backpressure: log full, upstream reading paused",
+			log().Info("backpressure: log full, upstream reading paused",
 				zap.String("session", session), zap.Uint32("stream", stream))
 		},
 		StallEnded: func(session string, stream uint32, waited time.Duration) {
 			metrics.stallSeconds.Observe(waited.Seconds())
-			logger.Info("backpressure: upstream reading resumed",
+			log().Info("backpressure: upstream reading resumed",
 				zap.String("session", session), zap.Uint32("stream", stream), zap.Duration("waited", waited))
 		},
 		StreamFailed: func(session string, stream uint32, reason policy.Reason) {
-			logger.Warn("stream failed",
+			log().Warn("stream failed",
 				zap.String("session", session), zap.Uint32("stream", stream), zap.String("reason", string(reason)))
 		},
 		SessionEnded: func(session string, reason policy.Reason) {
-			logger.Info("session ended",
+			log().Info("session ended",
 				zap.String("session", session), zap.String("reason", string(reason)))
 		},
 		EvictedBeforeAck: func(session string, stream uint32, seq uint64) {
-			logger.Error("BUG: event evicted while a client could still ask for it",
+			log().Error("BUG: event evicted while a client could still ask for it",
 				zap.String("session", session), zap.Uint32("stream", stream), zap.Uint64("seq", seq))
 		},
 	}

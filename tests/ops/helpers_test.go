@@ -1,0 +1,408 @@
+package ops
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+const prefix = "caddy_mcp_resume_"
+
+// site is the typical use, plus Caddy's `metrics` handler at /metrics so the
+// same registry can be scraped from the site as well as from the admin API.
+func site(upstream, moduleOptions string) string {
+	if moduleOptions != "" {
+		moduleOptions = "{\n" + moduleOptions + "\n}"
+	}
+	return fmt.Sprintf(`	metrics /metrics
+	route /mcp* {
+		mcp_resume %s
+		reverse_proxy %s
+	}`, moduleOptions, upstream)
+}
+
+// start runs the demo server and a Caddy in front of it.
+func start(t *testing.T, moduleOptions string) (*harness.Caddy, string) {
+	t.Helper()
+	upstream := harness.StartDemo(t, demoserver.Options{})
+	return harness.StartCaddy(t, site(upstream, moduleOptions)), upstream
+}
+
+// ---- metrics ---------------------------------------------------------------
+
+// sample holds one scrape: series ("name" or `name{label="value",...}`,
+// labels as the Prometheus text format prints them, sorted) to value, and
+// metric family name to type (counter, gauge, histogram).
+type sample struct {
+	vals  map[string]float64
+	types map[string]string
+}
+
+// oneShot makes every request on a new connection: a reload replaces the
+// admin server (and the site's), and a non-idempotent request (DELETE, POST)
+// on a pooled connection the old server is closing would fail with EOF.
+var oneShot = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// scrape reads a Prometheus text-format endpoint.
+func scrape(t *testing.T, url string) sample {
+	t.Helper()
+	resp, err := oneShot.Get(url)
+	if err != nil {
+		t.Fatalf("scraping %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("scraping %s: %d %s", url, resp.StatusCode, b)
+	}
+	m := sample{vals: map[string]float64{}, types: map[string]string{}}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
+			m.types[f[2]] = f[3]
+		}
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			t.Fatalf("scraping %s: malformed line %q", url, line)
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			t.Fatalf("scraping %s: malformed value in %q", url, line)
+		}
+		m.vals[line[:i]] = v
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// scrapeBoth scrapes the admin endpoint's /metrics, then the site's metrics
+// handler. They serve the same registry: the site must show every
+// caddy_mcp_resume_ series the admin endpoint showed, with counters no lower
+// (gauges may move between the two scrapes, e.g. as a client disconnects).
+func scrapeBoth(t *testing.T, c *harness.Caddy) sample {
+	t.Helper()
+	admin := scrape(t, c.Admin()+"/metrics")
+	fromSite := scrape(t, c.Base()+"/metrics")
+	for k, v := range admin.family(prefix).vals {
+		w, ok := fromSite.vals[k]
+		if !ok || (!admin.isGauge(k) && w < v) {
+			t.Errorf("admin /metrics has %s %v, the site's metrics handler %v (present %v)", k, v, w, ok)
+		}
+	}
+	if len(admin.family(prefix).vals) == 0 {
+		t.Fatalf("admin /metrics has no %s* metrics", prefix)
+	}
+	return admin
+}
+
+// get returns a value; an absent series counts as 0 (a CounterVec exports a
+// label value only once it moved).
+func (m sample) get(name string, labels ...string) float64 {
+	return m.vals[key(name, labels...)]
+}
+
+// lookup returns a value and whether the series is present.
+func (m sample) lookup(name string, labels ...string) (float64, bool) {
+	v, ok := m.vals[key(name, labels...)]
+	return v, ok
+}
+
+// isGauge reports whether a series belongs to a gauge family.
+func (m sample) isGauge(series string) bool {
+	name, _, _ := strings.Cut(series, "{")
+	return m.types[name] == "gauge"
+}
+
+func key(name string, labels ...string) string {
+	k := prefix + name
+	if len(labels) > 0 {
+		var b strings.Builder
+		for i := 0; i < len(labels); i += 2 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, "%s=%q", labels[i], labels[i+1])
+		}
+		k += "{" + b.String() + "}"
+	}
+	return k
+}
+
+// family returns the series whose name starts with p.
+func (m sample) family(p string) sample {
+	out := sample{vals: map[string]float64{}, types: m.types}
+	for k, v := range m.vals {
+		if strings.HasPrefix(k, p) {
+			out.vals[k] = v
+		}
+	}
+	return out
+}
+
+// expectDelta checks that a series moved by exactly want between two scrapes.
+func expectDelta(t *testing.T, before, after sample, want float64, name string, labels ...string) {
+	t.Helper()
+	if got := after.get(name, labels...) - before.get(name, labels...); got != want {
+		t.Errorf("%s moved by %v, want %v (before %v, after %v)", key(name, labels...), got, want,
+			before.get(name, labels...), after.get(name, labels...))
+	}
+}
+
+// ---- raw MCP client ----------------------------------------------------------
+
+// rawClient speaks Streamable HTTP by hand, to check bytes on the wire.
+type rawClient struct {
+	t       *testing.T
+	url     string
+	sid     string
+	version string
+	http    *http.Client
+	header  http.Header
+}
+
+// newRawClient returns a client with its own connection pool. After a reload
+// call reconnect: the old server closes its idle keep-alive connections, and
+// a POST (not retried by net/http) on one of them would fail with EOF.
+func newRawClient(t *testing.T, base, version string) *rawClient {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	return &rawClient{t: t, url: base + "/mcp", version: version, http: &http.Client{Timeout: 30 * time.Second, Transport: tr}, header: http.Header{}}
+}
+
+// reconnect drops idle connections (to a server a reload replaced).
+func (c *rawClient) reconnect() { c.http.CloseIdleConnections() }
+
+func (c *rawClient) request(method, body string, extra map[string]string) *http.Response {
+	c.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, c.url, rd)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for k, v := range c.header {
+		req.Header[k] = v
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+	} else {
+		req.Header.Set("Accept", "text/event-stream")
+	}
+	if c.sid != "" {
+		req.Header.Set("Mcp-Session-Id", c.sid)
+	}
+	if c.version != "" && c.sid != "" {
+		req.Header.Set("Mcp-Protocol-Version", c.version)
+	}
+	for k, v := range extra {
+		req.Header.Set(k, v)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		c.t.Fatalf("%s: %v", method, err)
+	}
+	return resp
+}
+
+// initialize opens a session and sends notifications/initialized.
+func (c *rawClient) initialize() {
+	c.t.Helper()
+	resp := c.request("POST", fmt.Sprintf(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":%q,"capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`, c.version), nil)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		c.t.Fatalf("initialize: %d %s", resp.StatusCode, body)
+	}
+	c.sid = resp.Header.Get("Mcp-Session-Id")
+	if c.sid == "" || !bytes.Contains(body, []byte(c.version)) {
+		c.t.Fatalf("initialize: no session or other version: %q", body)
+	}
+	resp = c.request("POST", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil)
+	resp.Body.Close()
+	if resp.StatusCode != 202 {
+		c.t.Fatalf("notifications/initialized: %d", resp.StatusCode)
+	}
+}
+
+// call starts tools/call and returns the open SSE response.
+func (c *rawClient) call(id int, tool string, args map[string]any) *http.Response {
+	c.t.Helper()
+	a, _ := json.Marshal(args)
+	resp := c.request("POST", fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":%s,"_meta":{"progressToken":"tok"}}}`, id, tool, a), nil)
+	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		b, _ := io.ReadAll(resp.Body)
+		c.t.Fatalf("tools/call: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	return resp
+}
+
+// callToEnd runs a tool call and reads its whole SSE response.
+func (c *rawClient) callToEnd(id int, tool string, args map[string]any) []harness.SSEEvent {
+	c.t.Helper()
+	resp := c.call(id, tool, args)
+	defer resp.Body.Close()
+	return readEvents(c.t, resp, 0)
+}
+
+// resume sends GET with Last-Event-ID.
+func (c *rawClient) resume(lastID string) *http.Response {
+	c.t.Helper()
+	return c.request("GET", "", map[string]string{"Last-Event-ID": lastID})
+}
+
+// readEvents reads n events (0: until the body ends).
+func readEvents(t *testing.T, resp *http.Response, n int) []harness.SSEEvent {
+	t.Helper()
+	evs, err := harness.ReadSSE(resp.Body, n, 20*time.Second)
+	if err != nil {
+		t.Fatalf("reading events: %v (got %d)", err, len(evs))
+	}
+	return evs
+}
+
+// ids returns the events' IDs.
+func ids(evs []harness.SSEEvent) []string {
+	out := make([]string, len(evs))
+	for i, e := range evs {
+		out[i] = e.ID
+	}
+	return out
+}
+
+// wantIDs checks event IDs <epoch>-<stream>-<seq> for the given seqs.
+func wantIDs(t *testing.T, evs []harness.SSEEvent, epoch string, stream uint32, seqs ...uint64) {
+	t.Helper()
+	want := make([]string, len(seqs))
+	for i, s := range seqs {
+		want[i] = eventid.ID{Epoch: epoch, Stream: stream, Seq: s}.String()
+	}
+	if got := ids(evs); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("event ids %v, want %v (events %+v)", got, want, evs)
+	}
+}
+
+// epochOf returns the epoch of a proxy-minted event ID.
+func epochOf(t *testing.T, id string) string {
+	t.Helper()
+	p, err := eventid.Parse(id)
+	if err != nil {
+		t.Fatalf("event id %q: %v", id, err)
+	}
+	return p.Epoch
+}
+
+// ---- admin API -----------------------------------------------------------------
+
+// adminDo sends a request to Caddy's admin endpoint and returns status and body.
+func adminDo(t *testing.T, c *harness.Caddy, method, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, c.Admin()+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := oneShot.Do(req)
+	if err != nil {
+		t.Fatalf("admin %s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+// sessionInfo mirrors the admin API's JSON (buffer.SessionInfo); decoding is
+// strict so a renamed or added field shows up here and in docs/operations.md.
+type sessionInfo struct {
+	ID               string       `json:"id"`
+	Epoch            string       `json:"epoch"`
+	ProtocolVersion  string       `json:"protocol_version"`
+	Created          time.Time    `json:"created"`
+	LastActivity     time.Time    `json:"last_activity"`
+	ConnectedClients int          `json:"connected_clients"`
+	RetainedBytes    int64        `json:"retained_bytes"`
+	Streams          []streamInfo `json:"streams"`
+}
+
+type streamInfo struct {
+	Stream        uint32   `json:"stream"`
+	Kind          string   `json:"kind"`
+	State         string   `json:"state"`
+	FailReason    string   `json:"fail_reason"`
+	Floor         uint64   `json:"floor"`
+	Head          uint64   `json:"head"`
+	Acked         uint64   `json:"acked"`
+	RetainedBytes int64    `json:"retained_bytes"`
+	Connected     bool     `json:"connected"`
+	Producing     bool     `json:"producing"`
+	Stalled       bool     `json:"stalled"`
+	RequestIDs    []string `json:"request_ids"`
+}
+
+func decodeStrict(t *testing.T, b []byte, v any) {
+	t.Helper()
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		t.Fatalf("decoding admin output: %v\n%s", err, b)
+	}
+}
+
+func adminSessions(t *testing.T, c *harness.Caddy) []sessionInfo {
+	t.Helper()
+	status, b := adminDo(t, c, "GET", "/mcp_resume/sessions")
+	if status != http.StatusOK {
+		t.Fatalf("GET /mcp_resume/sessions: %d %s", status, b)
+	}
+	var out []sessionInfo
+	decodeStrict(t, b, &out)
+	return out
+}
+
+func (s sessionInfo) stream(t *testing.T, num uint32) streamInfo {
+	t.Helper()
+	for _, st := range s.Streams {
+		if st.Stream == num {
+			return st
+		}
+	}
+	t.Fatalf("session %s has no stream %d: %+v", s.ID, num, s.Streams)
+	return streamInfo{}
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for %s", what)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
