@@ -15,8 +15,9 @@ import (
 )
 
 // EventOverhead is counted against the byte bounds for every retained event
-// on top of its payload: the entry, its slice header and its ID line. Bounds
-// then hold on real memory, not just payload.
+// on top of its payload's capacity: the entry, its slice header and its ID
+// line. Bounds then hold on real memory, not just payload (less the
+// allocator's rounding to size classes, at most about 12%).
 const EventOverhead = 64
 
 // Hooks let the embedding layer log and meter what the store decides on its
@@ -590,7 +591,7 @@ func (s *memStream) Append(ctx context.Context, data []byte, response bool) (uin
 		return 0, ErrStreamEnded
 	default:
 	}
-	size := int64(len(data)) + EventOverhead
+	size := int64(cap(data)) + EventOverhead
 	if err := st.reserve(ctx, s, size); err != nil {
 		if fe, ok := err.(*FailedError); ok {
 			s.Fail(fe.Reason)
@@ -767,7 +768,7 @@ func (s *memStream) dropLocked(k int, base policy.EventView, now time.Time, wind
 				h(s.sess.id, s.num, e.seq)
 			}
 		}
-		freed += int64(len(e.data)) + EventOverhead
+		freed += int64(cap(e.data)) + EventOverhead
 		e.data = nil // let the payload go even while the backing array lives
 	}
 	if k > 0 {

@@ -62,7 +62,45 @@ func (h *Handler) newRelay(w http.ResponseWriter, sess buffer.Session, stream bu
 	return &relay{h: h, w: w, rc: http.NewResponseController(w), sess: sess, stream: stream, rd: rd, out: make([]byte, 0, 4096)}
 }
 
-// write sends out and flushes; false means the client is gone.
+// relayChunk bounds the bytes a relay copies before writing: small events
+// go out in one write per batch, large ones straight from the log, so a
+// blocked client never pins more than this outside the log's byte bounds.
+const relayChunk = 32 << 10
+
+// writeEvents writes a batch with the proxy's IDs and flushes once.
+func (rl *relay) writeEvents(evs []buffer.Event, epoch string, num uint32) bool {
+	out := rl.out[:0]
+	for _, ev := range evs {
+		out = append(out, "id: "...)
+		out = eventid.Append(out, epoch, num, ev.Seq)
+		out = append(out, '\n')
+		if len(ev.Data) > relayChunk {
+			if _, err := rl.w.Write(out); err != nil {
+				return false
+			}
+			out = out[:0]
+			if _, err := rl.w.Write(ev.Data); err != nil {
+				return false
+			}
+			continue
+		}
+		out = append(out, ev.Data...)
+		if len(out) >= relayChunk {
+			if _, err := rl.w.Write(out); err != nil {
+				return false
+			}
+			out = out[:0]
+		}
+	}
+	if cap(out) > 2*relayChunk {
+		rl.out = nil
+	} else {
+		rl.out = out[:0]
+	}
+	return rl.write(out)
+}
+
+// write sends b and flushes; false means the client is gone.
 func (rl *relay) write(b []byte) bool {
 	if _, err := rl.w.Write(b); err != nil {
 		return false
@@ -81,21 +119,15 @@ func (rl *relay) run(ctx context.Context) {
 		evs, err = rl.rd.Read(rctx, evs[:0])
 		cancel()
 		if len(evs) > 0 {
-			out := rl.out[:0]
-			for _, ev := range evs {
-				out = append(out, "id: "...)
-				out = eventid.Append(out, epoch, num, ev.Seq)
-				out = append(out, '\n')
-				out = append(out, ev.Data...)
-			}
-			rl.out = out
-			if !rl.write(out) {
+			first, last := evs[0].Seq, evs[len(evs)-1].Seq
+			ok := rl.writeEvents(evs, epoch, num)
+			clear(evs) // keep no payload alive past its eviction
+			if !ok {
 				return
 			}
-			last := evs[len(evs)-1].Seq
 			rl.rd.Delivered(last)
-			if rl.replayUpTo > 0 && evs[0].Seq <= rl.replayUpTo {
-				replayed.Add(float64(min(last, rl.replayUpTo) - evs[0].Seq + 1))
+			if rl.replayUpTo > 0 && first <= rl.replayUpTo {
+				replayed.Add(float64(min(last, rl.replayUpTo) - first + 1))
 			}
 		}
 		var failed *buffer.FailedError

@@ -96,7 +96,7 @@ func (t *tapWriter) appendEvent(ev *sse.Event) error {
 		t.dropped++
 		return nil
 	}
-	data := make([]byte, 0, len(ev.Data)+len(ev.Type)+32)
+	data := make([]byte, 0, sse.FieldsLen(ev)+1) // exact: retained bytes are counted by capacity
 	data = sse.AppendFields(data, ev)
 	data = append(data, '\n')
 	response := false

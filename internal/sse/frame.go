@@ -27,6 +27,23 @@ func AppendFields(dst []byte, ev *Event) []byte {
 	return AppendData(dst, ev.Data)
 }
 
+// FieldsLen is the length AppendFields appends for ev, so callers can
+// allocate exactly.
+func FieldsLen(ev *Event) int {
+	n := 0
+	if ev.Type != "" {
+		n += len("event: ") + len(ev.Type) + 1
+	}
+	if ev.HasRetry {
+		n += len("retry: ") + len(strconv.FormatInt(ev.Retry, 10)) + 1
+	}
+	if ev.HasData {
+		nl := bytes.Count(ev.Data, []byte{'\n'}) // each LF becomes a line end
+		n += len(ev.Data) - nl + (nl+1)*len("data: \n")
+	}
+	return n
+}
+
 // AppendData appends data as one "data:" line per LF-separated line. A data
 // value can never contain CR here: the parser splits lines on it.
 func AppendData(dst, data []byte) []byte {

@@ -431,3 +431,17 @@ func TestFinishDispatchesUnterminatedEvent(t *testing.T) {
 		}
 	}
 }
+
+func TestFieldsLenIsExact(t *testing.T) {
+	for _, ev := range []Event{
+		{Data: []byte("x"), HasData: true},
+		{Data: []byte(""), HasData: true},
+		{Data: []byte("a\nb\n\nc"), HasData: true, Type: "message"},
+		{Data: []byte("{}"), HasData: true, Retry: 1500, HasRetry: true},
+		{Type: "ping"},
+	} {
+		if got, want := FieldsLen(&ev), len(AppendFields(nil, &ev)); got != want {
+			t.Errorf("%+v: FieldsLen %d, AppendFields wrote %d", ev, got, want)
+		}
+	}
+}

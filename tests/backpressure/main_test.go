@@ -1,0 +1,22 @@
+// Package backpressure tests mcp-resume's backpressure and bounded memory
+// end to end (issue 4): a real Caddy in-process with the module, real
+// upstream MCP servers on real loopback sockets (a flood server written with
+// net/http, and the official-SDK demo server), raw HTTP and official-SDK
+// clients that stop reading, vanish, and come back.
+//
+// Only one in-process Caddy runs at a time, so no test here is parallel.
+package backpressure
+
+import (
+	"os"
+	"testing"
+
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+func TestMain(m *testing.M) {
+	cleanup := harness.Isolate()
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}

@@ -1,0 +1,195 @@
+package backpressure
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// stall_timeout end to end with the official Go SDK client: the client's
+// network goes away right after the first progress notification of a tool
+// call whose upstream (the official-SDK demo server, count n=2000 with no
+// pause) produces far more than max_stream_bytes. The log fills, the
+// upstream is held back, and after stall_timeout the stream fails with
+// reason "stalled". When the network comes back, the SDK client resumes and
+// its CallTool returns a loud JSON-RPC error naming the stall, promptly,
+// instead of hanging; the progress it did see is contiguous.
+//
+// resume_window is 30s so that the events written to the client before the
+// cut stay retained: the resume replays them, and the only loss is the
+// stall's, not the window's.
+func TestStallTimeoutFailsCallLoudly(t *testing.T) {
+	upstream := harness.StartDemo(t, demoserver.Options{})
+	c := harness.StartCaddy(t, site(upstream, `
+			max_stream_bytes 64KiB
+			max_session_bytes 64KiB
+			max_total_bytes 8MiB
+			resume_window 30s
+			stall_timeout 1s`))
+
+	gate := &harness.GatedTransport{Next: harness.NewCuttableTransport()}
+	cut := gate.Next.(*harness.CuttableTransport)
+	var (
+		mu       sync.Mutex
+		progress []float64
+		first    = make(chan struct{})
+		once     sync.Once
+	)
+	client := mcp.NewClient(&mcp.Implementation{Name: "backpressure", Version: "1"}, &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+			mu.Lock()
+			progress = append(progress, req.Params.Progress)
+			mu.Unlock()
+			once.Do(func() { close(first) })
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	session, err := client.Connect(ctx, &mcp.StreamableClientTransport{
+		Endpoint:   c.Base() + "/mcp",
+		HTTPClient: &http.Client{Transport: gate},
+	}, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer session.Close()
+
+	// The network goes away after the first progress notification: held
+	// requests wait, open connections are cut.
+	start := time.Now()
+	cutDone := make(chan int, 1)
+	go func() {
+		select {
+		case <-first:
+			gate.Hold()
+			cutDone <- cut.Cut(true)
+		case <-time.After(20 * time.Second):
+			cutDone <- -1
+		}
+	}()
+	type result struct {
+		res *mcp.CallToolResult
+		err error
+		at  time.Time
+	}
+	callDone := make(chan result, 1)
+	callCtx, callCancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer callCancel()
+	go func() {
+		params := &mcp.CallToolParams{Name: "count", Arguments: map[string]any{"n": 2000, "interval_ms": 0}}
+		params.SetProgressToken("p")
+		res, err := session.CallTool(callCtx, params)
+		callDone <- result{res, err, time.Now()}
+	}()
+	if n := <-cutDone; n <= 0 {
+		t.Fatalf("no progress notification or no connection to cut (%d)", n)
+	}
+
+	// While the client is away the stream fails: stalled.
+	var failedAt time.Duration
+	if !harness.Eventually(15*time.Second, 50*time.Millisecond, func() bool {
+		ss, err := c.Sessions()
+		if err != nil {
+			return false
+		}
+		for _, se := range ss {
+			for _, st := range se.Streams {
+				if st.Kind == "request" && st.State == "failed" {
+					if st.FailReason != "stalled" {
+						t.Fatalf("stream failed with reason %q, want stalled", st.FailReason)
+					}
+					if st.Connected {
+						t.Errorf("a client was connected to the stream when it failed: the stall did not happen while the client was away")
+					}
+					if st.Bytes > 64<<10 {
+						t.Errorf("failed stream retains %d B > max_stream_bytes", st.Bytes)
+					}
+					failedAt = time.Since(start)
+					return true
+				}
+			}
+		}
+		return false
+	}) {
+		ss, _ := c.Sessions()
+		t.Fatalf("the stream did not fail as stalled: %+v", ss)
+	}
+	select {
+	case r := <-callDone:
+		t.Fatalf("CallTool returned while the network was down: %v, %v", r.res, r.err)
+	default:
+	}
+
+	// The network comes back: the SDK resumes and the call fails, loudly.
+	time.Sleep(200 * time.Millisecond)
+	released := time.Now()
+	gate.Release()
+	var r result
+	select {
+	case r = <-callDone:
+	case <-time.After(35 * time.Second):
+		t.Fatal("CallTool hangs")
+	}
+	t.Logf("stream failed %v after the call started; CallTool returned %v after the network came back (%d requests had waited at the gate): %v",
+		failedAt.Round(time.Millisecond), r.at.Sub(released).Round(time.Millisecond), gate.Held(), r.err)
+	if r.err == nil {
+		t.Fatalf("CallTool succeeded (%v) although the stream stalled", resultText(r.res))
+	}
+	if errors.Is(r.err, context.DeadlineExceeded) || callCtx.Err() != nil {
+		t.Fatalf("CallTool only returned at its deadline: %v", r.err)
+	}
+	if !strings.Contains(r.err.Error(), "stalled") {
+		t.Fatalf("CallTool error does not say the stream stalled: %v", r.err)
+	}
+	if d := r.at.Sub(released); d > 15*time.Second {
+		t.Errorf("CallTool took %v after the network came back", d)
+	}
+	// What the client did see arrived once, in order.
+	time.Sleep(100 * time.Millisecond)
+	mu.Lock()
+	got := append([]float64(nil), progress...)
+	mu.Unlock()
+	for i, p := range got {
+		if p != float64(i+1) {
+			t.Fatalf("progress[%d] = %v, want %d: %v", i, p, i+1, got[:min(len(got), 50)])
+		}
+	}
+	if len(got) == 0 || len(got) >= 2000 {
+		t.Fatalf("%d progress notifications", len(got))
+	}
+	t.Logf("progress seen: 1..%d of 2000, each once", len(got))
+
+	m, err := c.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := harness.MetricSum(m, `caddy_mcp_resume_streams_failed_total{reason="stalled"}`); v < 1 {
+		t.Errorf(`streams_failed_total{reason="stalled"} = %v, want >= 1`, v)
+	}
+	if v, _ := harness.MetricSum(m, `caddy_mcp_resume_gaps_total{reason="stalled"}`); v < 1 {
+		t.Errorf(`gaps_total{reason="stalled"} = %v, want >= 1`, v)
+	}
+	assertNoEarlyEviction(t, c)
+}
+
+func resultText(r *mcp.CallToolResult) string {
+	if r == nil {
+		return "<nil>"
+	}
+	var b strings.Builder
+	for _, c := range r.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}

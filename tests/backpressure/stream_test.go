@@ -1,0 +1,352 @@
+package backpressure
+
+import (
+	"encoding/json"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+func portOf(t *testing.T, hostport string) int {
+	t.Helper()
+	_, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// waitStalled waits, while the client does not read, until cond holds for
+// the (only) stream (if cond is set), the admin API then showed it stalled,
+// and the upstream has written nothing for a second. It returns the largest
+// retained_bytes of the stream it saw.
+func waitStalled(t *testing.T, c *harness.Caddy, fc *floodCall, cond func(buffer.StreamInfo) bool) (maxRetained int64) {
+	t.Helper()
+	var (
+		last, lastChange = fc.written.Load(), time.Now()
+		condHeld         = cond == nil
+		stalledSeen      bool
+	)
+	deadline := time.Now().Add(20 * time.Second)
+	for !(condHeld && stalledSeen && time.Since(lastChange) >= time.Second) {
+		if time.Now().After(deadline) {
+			ss, _ := c.Sessions()
+			t.Fatalf("the upstream never stopped: written %d bytes, condition held %v, stalled seen %v; %+v",
+				fc.written.Load(), condHeld, stalledSeen, ss)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if w := fc.written.Load(); w != last {
+			last, lastChange = w, time.Now()
+		}
+		sessions, err := c.Sessions()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, se := range sessions {
+			for _, st := range se.Streams {
+				condHeld = condHeld || cond(st)
+				stalledSeen = stalledSeen || (condHeld && st.Stalled)
+				maxRetained = max(maxRetained, st.Bytes)
+			}
+		}
+	}
+	return maxRetained
+}
+
+// A client that stops reading a tool call's stream stops the upstream: the
+// proxy keeps at most max_stream_bytes of the stream, and TCP flow control
+// does the rest. The upstream (plain net/http, flushing ~1 KiB progress
+// events as fast as it can) is measured: what it managed to write minus what
+// the client read is bounded by max_stream_bytes plus what the kernel holds
+// on the upstream connection (both ends' socket queues, read from
+// /proc/net/tcp) plus Caddy's fixed per-connection buffers. Then the client
+// resumes from the last event it read and gets every event exactly once,
+// and the upstream finishes.
+//
+// resume_window is 20s, not 1s: the proxy counts an event as delivered once
+// it is written and flushed into the client's socket, and a delivered event
+// is evicted resume_window later (design §4 rule b). A client that stops
+// reading with the connection open leaves hundreds of KiB in its socket
+// buffers; a resume from its last read event after a pause longer than
+// resume_window would rightly get a gap. The window must cover the pause.
+// With a 20s window delivered events stay retained, so after the resume the
+// client re-resumes every 128 events (each resume acknowledges what it read
+// and frees the log); see TestStreamBackpressureShortWindow for 1s.
+func TestStreamBackpressureBoundsUpstream(t *testing.T) {
+	const (
+		eventSize      = 1024
+		n              = 4096 // the upstream wants to write 4 MiB
+		maxStream      = 256 << 10
+		maxEvent       = 64 << 10
+		upstreamSndbuf = 32 << 10 // the kernel doubles it: 64 KiB, not autotuned
+		// Caddy's own buffers on the upstream side of a tapped stream: the
+		// transport's bufio reader (4 KiB), reverse_proxy's copy buffer
+		// (32 KiB), the SSE parser's partial event (< max_event_bytes).
+		userspaceSlack = 4<<10 + 32<<10 + maxEvent
+	)
+	f := newFlood(eventSize)
+	up := harness.StartUpstreamSmallBuffers(t, f, upstreamSndbuf)
+	upPort := portOf(t, up)
+	c := harness.StartCaddy(t, site(up, `
+			max_stream_bytes 256KiB
+			max_session_bytes 1MiB
+			max_total_bytes 8MiB
+			max_event_bytes 64KiB
+			resume_window 20s
+			stall_timeout 60s`))
+	cl := newClient(c.Base(), "2025-06-18", 0)
+	defer cl.close()
+	if err := cl.initialize(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := cl.call(1, "flood", map[string]any{"n": n}, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &tracker{}
+	for tr.progress < 8 {
+		ev, err := s.next()
+		if err != nil {
+			t.Fatalf("reading the first events: %v", err)
+		}
+		if err := tr.take(ev, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fc := f.call(t, cl.sid)
+
+	// The client stops reading; its connection stays open.
+	maxRetained := waitStalled(t, c, fc, nil)
+	written := fc.written.Load()
+	read := int64(tr.progress) * eventSize
+	gap := written - read
+	upTx, upRx, err := harness.QueuedBytes(upPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clTx, clRx, err := harness.QueuedBytes(c.HTTPPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("paused: upstream wrote %d B (%d events), client read %d B (%d events): written-read = %d B; max_stream_bytes %d",
+		written, fc.events.Load(), read, tr.progress, gap, maxStream)
+	t.Logf("kernel queues: upstream connection tx %d + rx %d B; client connection tx %d + rx %d B; max stream retained_bytes seen %d",
+		upTx, upRx, clTx, clRx, maxRetained)
+	if written >= int64(n*eventSize) {
+		t.Fatalf("the upstream wrote all %d bytes: nothing slowed it down", written)
+	}
+	if maxRetained > maxStream {
+		t.Errorf("stream retained_bytes %d > max_stream_bytes %d", maxRetained, maxStream)
+	}
+	// What is neither read nor in the kernel on the upstream side is in
+	// Caddy: the log (<= max_stream_bytes; the events in the client
+	// connection's socket queues are still retained, so they count there)
+	// and fixed buffers.
+	if inCaddy := gap - upTx - upRx; inCaddy > maxStream+userspaceSlack {
+		t.Errorf("written-read minus upstream-side kernel queues = %d B > max_stream_bytes + %d B of fixed buffers", inCaddy, userspaceSlack)
+	}
+	// The same as a fixed allowance: the upstream's send buffer is 64 KiB
+	// (SO_SNDBUF 32 KiB, doubled by the kernel); Caddy's receive buffer
+	// autotunes, but on loopback it stays near 100 KiB when the reader
+	// stops (measured: ~65 KiB tx + ~90 KiB rx, see the log). 1 MiB is
+	// generous.
+	const socketAllowance = 1 << 20
+	if gap > maxStream+userspaceSlack+socketAllowance {
+		t.Errorf("written-read = %d B > max_stream_bytes + %d B allowance", gap, userspaceSlack+socketAllowance)
+	}
+
+	// The client comes back: it resumes from the last event it read and
+	// reads everything, exactly once. Each resume acknowledges what it has
+	// read; with a 20s window that is what frees the log, so it re-resumes
+	// every 128 events.
+	s.close()
+	rs, err := cl.resume(tr.lastID, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resumes, err := drain(cl, rs, tr, 1, 128, 2*n/128+8)
+	resumes++
+	if err != nil {
+		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.progress, n, fc.events.Load())
+	}
+	if len(tr.gaps) > 0 || tr.errorMsg != "" {
+		t.Fatalf("gaps %v, error %q", tr.gaps, tr.errorMsg)
+	}
+	if tr.progress != n || tr.lastSeq != n+1 {
+		t.Fatalf("got %d progress events, last seq %d; want %d and %d", tr.progress, tr.lastSeq, n, n+1)
+	}
+	select {
+	case <-fc.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream handler did not finish")
+	}
+	if !fc.finished.Load() {
+		t.Fatal("the upstream could not write its response")
+	}
+	t.Logf("resumed %d times; every one of %d events arrived exactly once, then the response", resumes, n+1)
+	if !harness.Eventually(5*time.Second, 20*time.Millisecond, func() bool {
+		ss, err := c.Sessions()
+		return err == nil && len(ss) == 1 && len(ss[0].Streams) == 1 && ss[0].Streams[0].State == "complete"
+	}) {
+		ss, _ := c.Sessions()
+		t.Fatalf("stream not complete: %+v", ss)
+	}
+	m, err := c.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := harness.MetricSum(m, "caddy_mcp_resume_backpressure_stalls_total"); v < 1 {
+		t.Errorf("backpressure_stalls_total = %v, want >= 1", v)
+	}
+	assertNoEarlyEviction(t, c)
+}
+
+// The same slow consumer with resume_window 1s. Events written into the
+// client's socket count as delivered and leave the log a second later, so
+// the log refills with undelivered events and the upstream stops again: the
+// bound now also spans the client connection's socket queues. When the client
+// finally resumes from the last event it read, the events that sat unread in
+// its socket are gone, and the proxy says so: a gap event whose lost count is
+// exact and whose id moves the cursor, a warning, then every event from the
+// floor on, exactly once, and the response. Nothing is lost silently.
+func TestStreamBackpressureShortWindow(t *testing.T) {
+	const (
+		eventSize      = 1024
+		n              = 4096
+		maxStream      = 256 << 10
+		maxEvent       = 64 << 10
+		upstreamSndbuf = 32 << 10
+		userspaceSlack = 4<<10 + 32<<10 + maxEvent
+	)
+	f := newFlood(eventSize)
+	up := harness.StartUpstreamSmallBuffers(t, f, upstreamSndbuf)
+	upPort := portOf(t, up)
+	c := harness.StartCaddy(t, site(up, `
+			max_stream_bytes 256KiB
+			max_session_bytes 1MiB
+			max_total_bytes 8MiB
+			max_event_bytes 64KiB
+			resume_window 1s
+			stall_timeout 60s`))
+	cl := newClient(c.Base(), "2025-06-18", 0)
+	defer cl.close()
+	if err := cl.initialize(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := cl.call(1, "flood", map[string]any{"n": n}, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &tracker{}
+	for tr.progress < 8 {
+		ev, err := s.next()
+		if err != nil {
+			t.Fatalf("reading the first events: %v", err)
+		}
+		if err := tr.take(ev, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fc := f.call(t, cl.sid)
+	readSeq := tr.lastSeq
+
+	// Wait until what went into the client's socket was evicted (the floor
+	// passed what the client read) and the upstream stopped again.
+	maxRetained := waitStalled(t, c, fc, func(st buffer.StreamInfo) bool { return st.Floor > readSeq+1 })
+	written := fc.written.Load()
+	read := int64(tr.progress) * eventSize
+	gap := written - read
+	upTx, upRx, _ := harness.QueuedBytes(upPort)
+	clTx, clRx, _ := harness.QueuedBytes(c.HTTPPort)
+	t.Logf("paused: upstream wrote %d B (%d events), client read %d B: written-read = %d B; max_stream_bytes %d; max retained %d",
+		written, fc.events.Load(), read, gap, maxStream, maxRetained)
+	t.Logf("kernel queues: upstream connection tx %d + rx %d B; client connection tx %d + rx %d B", upTx, upRx, clTx, clRx)
+	if written >= int64(n*eventSize) {
+		t.Fatalf("the upstream wrote all %d bytes: nothing slowed it down", written)
+	}
+	if maxRetained > maxStream {
+		t.Errorf("stream retained_bytes %d > max_stream_bytes %d", maxRetained, maxStream)
+	}
+	// The client connection's queues hold (proxy-framed, slightly larger)
+	// events that left the log; the relay's batch (<= 64 events) may be
+	// blocked in a write on top.
+	relayBatch := int64(64 * (eventSize + 32))
+	if inCaddy := gap - upTx - upRx - clTx - clRx; inCaddy > maxStream+userspaceSlack+relayBatch {
+		t.Errorf("written-read minus both connections' kernel queues = %d B > max_stream_bytes + %d B of fixed buffers", inCaddy, userspaceSlack+relayBatch)
+	}
+	const socketAllowance = 2 << 20 // measured ~150 KiB upstream side + ~250 KiB client side
+	if gap > maxStream+userspaceSlack+relayBatch+socketAllowance {
+		t.Errorf("written-read = %d B > max_stream_bytes + %d B allowance", gap, userspaceSlack+relayBatch+socketAllowance)
+	}
+
+	// Resume from the last event read: a loud, exact gap, then the rest.
+	s.close()
+	rs, err := cl.resume(tr.lastID, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := rs.next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Type != "gap" {
+		t.Fatalf("resume after the window: first event %+v, want a gap", first)
+	}
+	var g gapInfo
+	if err := json.Unmarshal([]byte(first.Data), &g); err != nil {
+		t.Fatal(err)
+	}
+	moved, err := eventid.Parse(first.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	from, err := eventid.Parse(g.ResumeFrom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.Reason != "evicted" || g.LastEventID != tr.lastID || g.Lost <= 0 ||
+		moved.Seq != readSeq+uint64(g.Lost) || from.Seq != moved.Seq+1 {
+		t.Fatalf("gap %s with id %s after reading up to seq %d", first.Data, first.ID, readSeq)
+	}
+	if err := tr.take(first, 1); err != nil {
+		t.Fatal(err)
+	}
+	resumes, err := drain(cl, rs, tr, 1, 128, 2*n/128+8)
+	if err != nil {
+		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.progress, n, fc.events.Load())
+	}
+	if tr.errorMsg != "" || len(tr.gaps) != 1 || len(tr.warnings) != 1 || !strings.Contains(tr.warnings[0], "evicted") {
+		t.Fatalf("error %q, gaps %+v, warnings %q", tr.errorMsg, tr.gaps, tr.warnings)
+	}
+	if tr.lastSeq != n+1 || tr.events+tr.lost != n+1 || tr.progress != n {
+		t.Fatalf("read %d events + %d reported lost, last seq %d; want %d in all", tr.events, tr.lost, tr.lastSeq, n+1)
+	}
+	select {
+	case <-fc.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream handler did not finish")
+	}
+	if !fc.finished.Load() {
+		t.Fatal("the upstream could not write its response")
+	}
+	t.Logf("gap: %d events reported lost (they sat unread in the client's socket past resume_window), %d read exactly once, %d resumes after the gap",
+		tr.lost, tr.events, resumes)
+	m, err := c.Metrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := harness.MetricSum(m, "caddy_mcp_resume_resumes_from_evicted_total"); v != 1 {
+		t.Errorf("resumes_from_evicted_total = %v, want 1", v)
+	}
+	assertNoEarlyEviction(t, c)
+}
