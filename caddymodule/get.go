@@ -115,8 +115,10 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 	return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
 }
 
+// reject answers a request or resume the proxy refuses, with a JSON-RPC
+// error body.
 func (h *Handler) reject(w http.ResponseWriter, sid, lastID string, status int, detail string) error {
-	h.logger.Warn("resume rejected", zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)),
+	h.logger.Warn("request rejected", zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)),
 		zap.Int("status", status), zap.String("why", detail))
 	writeError(w, status, jsonrpc.CodeResumeDenied, "mcp-resume: "+detail)
 	return nil

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 func init() {
@@ -241,14 +242,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// Any request naming a session the proxy holds (or remembers) must carry
 	// its credentials, whatever its method, version, content type or body:
 	// checked first, so no path around it exists.
-	if sid := r.Header.Get(hdrSessionID); sid != "" {
-		if sess, ok := h.zone.store.Session(sid); ok {
-			if !h.credentialOK(r, sess.Meta().Fingerprint) {
-				return h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden, "credentials differ from the session's")
-			}
-		} else if tomb, ok := h.zone.store.Tombstone(sid); ok && !h.credentialOK(r, tomb.Fingerprint) {
-			return h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden, "credentials differ from the session's")
+	if sid := r.Header.Get(hdrSessionID); sid != "" && !h.sessionCredentialOK(r, sid) {
+		credentialRejections.Inc()
+		lastID := r.Header.Get(hdrLastEventID)
+		if r.Method == http.MethodGet && lastID != "" {
+			resumes.WithLabelValues(policy.Reject.String()).Inc()
 		}
+		return h.reject(w, sid, lastID, http.StatusForbidden, "credentials differ from the session's")
 	}
 	switch r.Method {
 	case http.MethodPost:
@@ -279,6 +279,18 @@ func (h *Handler) fingerprint(r *http.Request) [32]byte {
 	var fp [32]byte
 	mac.Sum(fp[:0])
 	return fp
+}
+
+// sessionCredentialOK checks a request against the session it names, held
+// or remembered; a session the proxy knows nothing of has nothing to check.
+func (h *Handler) sessionCredentialOK(r *http.Request, sid string) bool {
+	if sess, ok := h.zone.store.Session(sid); ok {
+		return h.credentialOK(r, sess.Meta().Fingerprint)
+	}
+	if tomb, ok := h.zone.store.Tombstone(sid); ok {
+		return h.credentialOK(r, tomb.Fingerprint)
+	}
+	return true
 }
 
 func (h *Handler) credentialOK(r *http.Request, want [32]byte) bool {

@@ -23,6 +23,8 @@ var (
 		"Gap signals sent to clients, by reason.", "reason")
 	limitsHit = newCounterVec("limit_rejections_total",
 		"Requests refused or streams failed because a configured limit was reached, by limit.", "limit")
+	credentialRejections = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "credential_rejections_total",
+		Help: "Requests refused with 403 because their bind_headers differ from the session's."})
 	retriesServed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "repeated_requests_total",
 		Help: "Repeated requests (same session, ids and body) answered from the retained stream instead of running again."})
 	replayed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "replayed_events_total",
@@ -104,7 +106,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, replayed, retriesServed, metrics.stallSeconds, storeCollector{}} {
+	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, replayed, retriesServed, credentialRejections, metrics.stallSeconds, storeCollector{}} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

@@ -265,10 +265,10 @@ func stripComments(s string) string {
 // logger.Check(zap.DebugLevel, "msg").
 var logCall = regexp.MustCompile(`\.(?:Debug|Info|Warn|Error)\(\s*"([^"]+)"|\.Check\(zap\.\w+,\s*"([^"]+)"`)
 
-// docs/operations.md covers every metric metrics.go defines and every log
+// README.md covers every metric metrics.go defines and every log
 // message caddymodule writes.
 func TestOperationsDocIsComplete(t *testing.T) {
-	doc, err := os.ReadFile(filepath.Join(repoRoot, "docs", "operations.md"))
+	doc, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +277,7 @@ func TestOperationsDocIsComplete(t *testing.T) {
 			continue
 		}
 		if !strings.Contains(string(doc), "`"+name+"`") {
-			t.Errorf("docs/operations.md does not describe metric %s", name)
+			t.Errorf("README.md does not describe metric %s", name)
 		}
 	}
 	files, err := filepath.Glob(filepath.Join(repoRoot, "caddymodule", "*.go"))
@@ -297,7 +297,7 @@ func TestOperationsDocIsComplete(t *testing.T) {
 			msg := m[1] + m[2]
 			n++
 			if !strings.Contains(string(doc), "`"+msg+"`") {
-				t.Errorf("docs/operations.md does not list the log message %q (%s)", msg, filepath.Base(f))
+				t.Errorf("README.md does not list the log message %q (%s)", msg, filepath.Base(f))
 			}
 		}
 	}

@@ -335,7 +335,7 @@ func adminDo(t *testing.T, c *harness.Caddy, method, path string) (int, []byte) 
 }
 
 // sessionInfo mirrors the admin API's JSON (buffer.SessionInfo); decoding is
-// strict so a renamed or added field shows up here and in docs/operations.md.
+// strict so a renamed or added field shows up here and in README.md.
 type sessionInfo struct {
 	ID               string       `json:"id"`
 	Epoch            string       `json:"epoch"`
