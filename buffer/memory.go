@@ -343,6 +343,12 @@ func (st *MemoryStore) reserve(ctx context.Context, s *memStream, size int64) er
 		}
 		freed := st.freed
 		st.bmu.Unlock()
+		// Room may be owed already: events whose window passed since the
+		// last sweep. Take it now rather than wait for the sweeper, so a
+		// stream sustains max_stream_bytes per resume_window, not less.
+		if st.evictSession(s.sess, lim.ResumeWindow) > 0 {
+			continue
+		}
 		if stallStart.IsZero() {
 			stallStart = st.now()
 			s.stalled.Store(true)
@@ -724,13 +730,32 @@ func (s *memStream) Resume(cursor uint64, decide func(policy.StreamView) policy.
 }
 
 // evict drops the events at the front that policy allows to go.
-func (s *memStream) evict(now time.Time, window time.Duration) {
+func (s *memStream) evict(now time.Time, window time.Duration) int64 {
 	s.mu.Lock()
 	n := s.evictLocked(now, window)
 	s.mu.Unlock()
 	if n > 0 {
 		s.sess.store.release(n, s)
 	}
+	return n
+}
+
+// evictSession evicts what policy allows from every stream of a session and
+// returns the bytes freed.
+func (st *MemoryStore) evictSession(sess *memSession, window time.Duration) int64 {
+	now := st.now()
+	var n int64
+	for _, str := range sess.streamList() {
+		n += str.evict(now, window)
+	}
+	return n
+}
+
+// SessionCount returns the number of sessions held, without walking them.
+func (st *MemoryStore) SessionCount() int {
+	st.mu.RLock()
+	defer st.mu.RUnlock()
+	return len(st.sessions)
 }
 
 func (s *memStream) evictLocked(now time.Time, window time.Duration) int64 {

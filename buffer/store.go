@@ -88,6 +88,7 @@ type Store interface {
 	// Delete ends a session: its readers and appenders stop, its events go.
 	Delete(id string, reason policy.Reason) bool
 	Sessions() []SessionInfo
+	SessionCount() int
 	Stats() Stats
 	Counters() *Counters
 	SetLimits(Limits)

@@ -21,7 +21,7 @@ const maxInitPeek = 1 << 20
 // session is registered before any byte of the result reaches the client, so
 // the client's next request always finds it.
 func (h *Handler) serveInitialize(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	if st := h.zone.store.Stats(); st.Sessions >= h.MaxSessions {
+	if h.zone.store.SessionCount() >= h.MaxSessions {
 		limitsHit.WithLabelValues("max_sessions").Inc()
 		h.logger.Warn("initialize refused: max_sessions reached", zap.Int("max_sessions", h.MaxSessions))
 		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, "mcp-resume: too many sessions (max_sessions); retry later")

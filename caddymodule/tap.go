@@ -100,7 +100,7 @@ func (t *tapWriter) appendEvent(ev *sse.Event) error {
 	data = sse.AppendFields(data, ev)
 	data = append(data, '\n')
 	response := false
-	if len(t.pending) > 0 {
+	if len(t.pending) > 0 && mayBeResponse(ev.Data) {
 		jsonrpc.PeekAll(ev.Data, func(m jsonrpc.Message) {
 			if m.Kind == jsonrpc.Response && t.pending[string(bytes.TrimSpace(m.ID))] {
 				delete(t.pending, string(bytes.TrimSpace(m.ID)))
@@ -114,6 +114,14 @@ func (t *tapWriter) appendEvent(ev *sse.Event) error {
 			zap.Bool("response", response), zap.Error(err))
 	}
 	return err
+}
+
+// mayBeResponse is a vectorised pre-check before Peek: a JSON-RPC response
+// has a "result" or "error" member, spelled so unless escaped. Progress
+// notifications, most of a stream, skip the scan.
+func mayBeResponse(data []byte) bool {
+	return bytes.Contains(data, []byte(`"result"`)) || bytes.Contains(data, []byte(`"error"`)) ||
+		bytes.IndexByte(data, '\\') >= 0
 }
 
 // FlushError implements the flusher that http.ResponseController looks for

@@ -175,18 +175,32 @@ func (s *scanner) str() ([]byte, bool) {
 	if !s.eat('"') {
 		return nil, false
 	}
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case '\\':
-			s.i += 2
-		case '"':
-			s.i++
-			return s.b[start:s.i], true
-		default:
-			s.i++
+	// Jump from quote to quote with vectorised scans; an escape before a
+	// quote may escape it. Every byte is scanned a bounded number of times,
+	// so hostile strings full of backslashes stay linear.
+	for {
+		q := bytes.IndexByte(s.b[s.i:], '"')
+		if q < 0 {
+			s.i = len(s.b)
+			return nil, false
 		}
+		quote := s.i + q
+		for {
+			e := bytes.IndexByte(s.b[s.i:quote], '\\')
+			if e < 0 {
+				break
+			}
+			s.i += e + 2 // the escaped character is skipped, whatever it is
+			if s.i > quote {
+				break
+			}
+		}
+		if s.i > quote {
+			continue // that quote was escaped
+		}
+		s.i = quote + 1
+		return s.b[start:s.i], true
 	}
-	return nil, false
 }
 
 // value skips one JSON value.

@@ -50,15 +50,26 @@ func (p *Parser) Feed(b []byte, emit func(*Event) error) error {
 	if max <= 0 {
 		max = DefaultMaxEventBytes
 	}
+	// Line ends are found with vectorised IndexByte scans rather than
+	// IndexAny's byte loop. lf, the next LF in b (-1: none), is kept across
+	// lines, so CR-only input does not rescan the rest of b for every line.
+	lf := bytes.IndexByte(b, '\n')
 	for len(b) > 0 {
 		if p.skipLF {
 			p.skipLF = false
 			if b[0] == '\n' {
-				b = b[1:]
+				b, lf = b[1:], bytes.IndexByte(b[1:], '\n')
 				continue
 			}
 		}
-		i := bytes.IndexAny(b, "\r\n")
+		end := len(b) // a CR past the next LF belongs to a later line
+		if lf >= 0 {
+			end = lf
+		}
+		i := lf
+		if cr := bytes.IndexByte(b[:end], '\r'); cr >= 0 {
+			i = cr
+		}
 		if i < 0 {
 			if len(p.line)+len(b)+p.size > max {
 				return ErrEventTooLarge
@@ -86,6 +97,13 @@ func (p *Parser) Feed(b []byte, emit func(*Event) error) error {
 			}
 		}
 		b = b[i+1:]
+		if lf >= 0 {
+			if lf <= i {
+				lf = bytes.IndexByte(b, '\n')
+			} else {
+				lf -= i + 1
+			}
+		}
 		if err := p.processLine(line, max, emit); err != nil {
 			return err
 		}
