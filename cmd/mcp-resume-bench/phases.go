@@ -1,0 +1,447 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+)
+
+// setup is one of the two ways through the same Caddy to the same upstream.
+type setup struct {
+	name   string
+	base   string
+	resume bool
+}
+
+type bench struct {
+	cfg    config
+	up     *upstream
+	px     *proxy
+	cl     *client
+	plain  setup
+	resume setup
+	logf   func(format string, args ...any)
+}
+
+// order alternates which setup runs first, round by round, so that drifting
+// machine noise hits both alike.
+func (b *bench) order(round int) []setup {
+	if round%2 == 0 {
+		return []setup{b.plain, b.resume}
+	}
+	return []setup{b.resume, b.plain}
+}
+
+// cpuTime is the process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	cpu, _ := usage()
+	return cpu
+}
+
+// usage returns the process's user+system CPU time and its context switches
+// (voluntary and involuntary, over all threads) so far.
+func usage() (time.Duration, int64) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Nvcsw + ru.Nivcsw
+}
+
+var progressPrefix = []byte(`{"jsonrpc":"2.0","method":"notifications/progress"`)
+
+// drain reads a tools/call stream to its end: progress events, then the
+// response. onEvent (optional) sees each progress event as it is read.
+func drain(body io.Reader, onEvent func(ev sseEvent)) (events, payload int64, err error) {
+	rd := newSSEReader(body)
+	gotResponse := false
+	for {
+		ev, err := rd.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return events, payload, err
+		}
+		if bytes.HasPrefix(ev.Data, progressPrefix) {
+			events++
+			payload += int64(len(ev.Data))
+			if onEvent != nil {
+				onEvent(ev)
+			}
+			continue
+		}
+		if bytes.Contains(ev.Data, []byte(`"result"`)) {
+			gotResponse = true
+		} else {
+			return events, payload, fmt.Errorf("unexpected event %q: %.200s", ev.Type, ev.Data)
+		}
+	}
+	if !gotResponse {
+		return events, payload, errors.New("stream ended without the JSON-RPC response")
+	}
+	return events, payload, nil
+}
+
+// ---- 1 + 5: throughput and CPU per event ----------------------------------------
+
+type tpConfig struct {
+	size, streams, total int // total progress events per run, over all streams
+}
+
+func (c tpConfig) key() string {
+	return fmt.Sprintf("%s events, %d stream%s", sizeName(c.size), c.streams, plural(c.streams))
+}
+
+func sizeName(size int) string {
+	if size >= 1024 && size%1024 == 0 {
+		return fmt.Sprintf("%d KiB", size/1024)
+	}
+	return fmt.Sprintf("%d B", size)
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+type tpResult struct {
+	events, payload int64
+	elapsed, cpu    time.Duration
+	csw             int64   // context switches of the process during the run
+	stalls          float64 // backpressure stalls during the run (mcp_resume)
+}
+
+const metricStalls = "caddy_mcp_resume_backpressure_stalls_total"
+
+func (r tpResult) eventsPerSec() float64 { return float64(r.events) / r.elapsed.Seconds() }
+func (r tpResult) mbPerSec() float64     { return float64(r.payload) / 1e6 / r.elapsed.Seconds() }
+func (r tpResult) cpuPerEvent() float64  { return float64(r.cpu.Microseconds()) / float64(r.events) }
+func (r tpResult) cswPerEvent() float64  { return float64(r.csw) / float64(r.events) }
+
+// throughput runs cfg.streams concurrent tools/calls, each in its own
+// session, each streaming as fast as the upstream can write.
+func (b *bench) throughput(ctx context.Context, s setup, c tpConfig) (tpResult, error) {
+	per := max(c.total/c.streams, 1)
+	sids, err := b.cl.openSessions(ctx, s.base, c.streams, 16)
+	defer b.cl.closeSessions(context.WithoutCancel(ctx), s.base, sids, 16)
+	if err != nil {
+		return tpResult{}, err
+	}
+	var before map[string]float64
+	if s.resume {
+		if before, err = b.px.metrics(ctx); err != nil {
+			return tpResult{}, err
+		}
+	}
+	runtime.GC()
+	var events, payload atomic.Int64
+	cpu0, csw0 := usage()
+	t0 := time.Now()
+	err = parallel(c.streams, c.streams, func(i int) error {
+		resp, err := b.cl.call(ctx, s.base, sids[i], callArgs{N: per, Size: c.size})
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		n, p, err := drain(resp.Body, nil)
+		events.Add(n)
+		payload.Add(p)
+		if err == nil && n != int64(per) {
+			err = fmt.Errorf("%s: got %d of %d events", s.name, n, per)
+		}
+		return err
+	})
+	elapsed := time.Since(t0)
+	cpu1, csw1 := usage()
+	r := tpResult{events: events.Load(), payload: payload.Load(), elapsed: elapsed, cpu: cpu1 - cpu0, csw: csw1 - csw0}
+	if s.resume && err == nil {
+		after, err := b.px.metrics(ctx)
+		if err != nil {
+			return r, err
+		}
+		r.stalls = after[metricStalls] - before[metricStalls]
+	}
+	return r, err
+}
+
+// ---- 2: latency -------------------------------------------------------------------
+
+type latResult struct{ p50, p99, max float64 } // microseconds
+
+// latency streams paced events with their write time embedded and measures
+// upstream write -> client read for each.
+func (b *bench) latency(ctx context.Context, s setup) (latResult, error) {
+	sids, err := b.cl.openSessions(ctx, s.base, 1, 1)
+	defer b.cl.closeSessions(context.WithoutCancel(ctx), s.base, sids, 1)
+	if err != nil {
+		return latResult{}, err
+	}
+	runtime.GC()
+	resp, err := b.cl.call(ctx, s.base, sids[0], callArgs{
+		N: b.cfg.latencyEvents, Size: b.cfg.latencySize, TS: true, IntervalUS: int(b.cfg.latencyInterval.Microseconds()),
+	})
+	if err != nil {
+		return latResult{}, err
+	}
+	defer resp.Body.Close()
+	lats := make([]float64, 0, b.cfg.latencyEvents)
+	_, _, err = drain(resp.Body, func(ev sseEvent) {
+		now := time.Now().UnixNano()
+		if ts, ok := parseTS(ev.Data); ok {
+			lats = append(lats, float64(now-ts)/1e3)
+		}
+	})
+	if err == nil && len(lats) != b.cfg.latencyEvents {
+		err = fmt.Errorf("latency: %d of %d timestamps", len(lats), b.cfg.latencyEvents)
+	}
+	return latResult{p50: percentile(lats, 50), p99: percentile(lats, 99), max: percentile(lats, 100)}, err
+}
+
+// ---- 3: resume ----------------------------------------------------------------
+
+type resumeResult struct {
+	fill      time.Duration // upstream release -> stream complete in the log (no client)
+	ttfb      time.Duration // GET sent -> first replayed event read
+	replay    time.Duration // GET sent -> end of the replayed stream
+	events    int64
+	payload   int64
+	filledEPS float64
+}
+
+func (r resumeResult) eventsPerSec() float64 { return float64(r.events) / r.replay.Seconds() }
+func (r resumeResult) mbPerSec() float64     { return float64(r.payload) / 1e6 / r.replay.Seconds() }
+
+func token() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// waitStream polls the admin API until cond holds for a session's stream.
+func (b *bench) waitStream(ctx context.Context, sid string, num uint32, timeout time.Duration, what string,
+	cond func(state string, connected bool) bool) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		state, connected, err := b.px.streamState(ctx, sid, num)
+		if err != nil {
+			return err
+		}
+		if cond(state, connected) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("timed out after %v waiting for %s (state %s, connected %v)", timeout, what, state, connected)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// resumeRun: a client reads a few events and drops; the upstream then
+// finishes into the log; a GET with the last seen Last-Event-ID replays the
+// rest (n-pre events and the response) from the log to the end.
+func (b *bench) resumeRun(ctx context.Context, n int) (resumeResult, error) {
+	const pre = 5
+	s := b.resume
+	sids, err := b.cl.openSessions(ctx, s.base, 1, 1)
+	defer b.cl.closeSessions(context.WithoutCancel(ctx), s.base, sids, 1)
+	if err != nil {
+		return resumeResult{}, err
+	}
+	sid := sids[0]
+	tok := token()
+	b.up.hold(tok)
+	defer b.up.release(tok)
+	resp, err := b.cl.call(ctx, s.base, sid, callArgs{N: n, Size: b.cfg.replaySize, Pre: pre, Hold: tok})
+	if err != nil {
+		return resumeResult{}, err
+	}
+	rd := newSSEReader(resp.Body)
+	var lastID string
+	for got := 0; got < pre; {
+		ev, err := rd.next()
+		if err != nil {
+			resp.Body.Close()
+			return resumeResult{}, fmt.Errorf("reading the first events: %v", err)
+		}
+		if bytes.HasPrefix(ev.Data, progressPrefix) {
+			got++
+			lastID = string(ev.ID)
+		}
+	}
+	resp.Body.Close()
+	id, err := eventid.Parse(lastID)
+	if err != nil {
+		return resumeResult{}, fmt.Errorf("event id %q: %v", lastID, err)
+	}
+	// Release the upstream only once the proxy has noticed the client left,
+	// so every further event stays undelivered in the log.
+	if err := b.waitStream(ctx, sid, id.Stream, 10*time.Second, "the client to detach",
+		func(_ string, connected bool) bool { return !connected }); err != nil {
+		return resumeResult{}, err
+	}
+	runtime.GC()
+	t0 := time.Now()
+	b.up.release(tok)
+	if err := b.waitStream(ctx, sid, id.Stream, 2*time.Minute, "the stream to complete",
+		func(state string, _ bool) bool { return state != "live" }); err != nil {
+		return resumeResult{}, err
+	}
+	r := resumeResult{fill: time.Since(t0)}
+	r.filledEPS = float64(n-pre) / r.fill.Seconds()
+
+	runtime.GC()
+	t1 := time.Now()
+	resp, err = b.cl.resume(ctx, s.base, sid, lastID)
+	if err != nil {
+		return r, err
+	}
+	defer resp.Body.Close()
+	first := true
+	r.events, r.payload, err = drain(resp.Body, func(sseEvent) {
+		if first {
+			r.ttfb, first = time.Since(t1), false
+		}
+	})
+	r.replay = time.Since(t1)
+	if err == nil && r.events != int64(n-pre) {
+		err = fmt.Errorf("replay: got %d of %d events", r.events, n-pre)
+	}
+	return r, err
+}
+
+// ---- 4: memory ----------------------------------------------------------------
+
+type memSnap struct{ heap, rss int64 }
+
+func snapshot() memSnap {
+	runtime.GC()
+	runtime.GC()
+	debug.FreeOSMemory()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	s := memSnap{heap: int64(ms.HeapAlloc)}
+	if b, err := os.ReadFile("/proc/self/statm"); err == nil {
+		s.rss, _ = statmRSS(string(b), os.Getpagesize())
+	}
+	return s
+}
+
+type memResult struct {
+	sessions        int
+	initRate        float64 // sessions opened per second (initialize + initialized)
+	idle            memSnap // delta for n idle sessions
+	retained        memSnap // further delta once each session retains events
+	retainedPayload int64   // stored event bytes (without the accounting overhead)
+	retainedBytes   int64   // retained_bytes metric (payload + 64 B per event)
+}
+
+// memory opens n idle sessions and measures what they hold; with mcp_resume
+// each session then retains one undelivered tools/call stream (the client
+// drops right after the response headers) and that is measured too.
+func (b *bench) memory(ctx context.Context, s setup, n int) (memResult, error) {
+	r := memResult{sessions: n}
+	m0 := snapshot()
+	t0 := time.Now()
+	sids, err := b.cl.openSessions(ctx, s.base, n, 8)
+	defer b.cl.closeSessions(context.WithoutCancel(ctx), s.base, sids, 8)
+	if err != nil {
+		return r, err
+	}
+	r.initRate = float64(n) / time.Since(t0).Seconds()
+	m1 := snapshot()
+	r.idle = memSnap{heap: m1.heap - m0.heap, rss: m1.rss - m0.rss}
+	if !s.resume {
+		return r, nil
+	}
+	before, err := b.px.metrics(ctx)
+	if err != nil {
+		return r, err
+	}
+	k := b.cfg.retainEvents
+	err = parallel(n, 8, func(i int) error {
+		tok := token()
+		b.up.hold(tok)
+		defer b.up.release(tok)
+		resp, err := b.cl.call(ctx, s.base, sids[i], callArgs{N: k, Size: b.cfg.retainSize, Hold: tok})
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return b.waitStream(ctx, sids[i], 1, 10*time.Second, "the client to detach",
+			func(_ string, connected bool) bool { return !connected })
+	})
+	if err != nil {
+		return r, err
+	}
+	// Wait until every upstream response is in the log.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		m, err := b.px.metrics(ctx)
+		if err != nil {
+			return r, err
+		}
+		if b.up.active.Load() == 0 && m["caddy_mcp_resume_upstream_reads"] == 0 {
+			r.retainedBytes = int64(m["caddy_mcp_resume_retained_bytes"] - before["caddy_mcp_resume_retained_bytes"])
+			events := m["caddy_mcp_resume_events_enqueued_total"] - before["caddy_mcp_resume_events_enqueued_total"]
+			r.retainedPayload = r.retainedBytes - int64(events)*64
+			if want := int64(n) * int64(k+1); int64(events) != want {
+				return r, fmt.Errorf("memory: %v events enqueued, want %d", events, want)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			return r, errors.New("memory: timed out waiting for the upstream responses")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m2 := snapshot()
+	r.retained = memSnap{heap: m2.heap - m1.heap, rss: m2.rss - m1.rss}
+	return r, nil
+}
+
+// loadSample records the machine's busy CPU time and this process's own, to
+// tell how much other processes competed with the benchmark.
+type loadSample struct {
+	busy time.Duration // all CPUs, from /proc/stat
+	own  time.Duration
+	at   time.Time
+	ok   bool
+}
+
+const clockTicks = 100 // USER_HZ on Linux
+
+func sampleLoad() loadSample {
+	s := loadSample{own: cpuTime(), at: time.Now()}
+	if b, err := os.ReadFile("/proc/stat"); err == nil {
+		if busy, _, err := procStatCPU(string(b)); err == nil {
+			s.busy, s.ok = time.Duration(busy)*time.Second/clockTicks, true
+		}
+	}
+	return s
+}
+
+// otherCores is the average number of cores other processes kept busy
+// between s0 and s; NaN if unknown.
+func (s loadSample) otherCores(s0 loadSample) float64 {
+	if !s.ok || !s0.ok {
+		return math.NaN()
+	}
+	other := (s.busy - s0.busy) - (s.own - s0.own)
+	return max(other.Seconds(), 0) / s.at.Sub(s0.at).Seconds()
+}
