@@ -1,7 +1,6 @@
 package backpressure
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -148,17 +147,6 @@ func (f *flood) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // ---- Caddy ---------------------------------------------------------------------
 
-// site is the Caddyfile site body: mcp_resume with the given options in
-// front of reverse_proxy to upstream.
-func site(upstream, options string) string {
-	return fmt.Sprintf(`	route /mcp* {
-		mcp_resume {
-%s
-		}
-		reverse_proxy %s
-	}`, options, upstream)
-}
-
 // evictedBeforeAck is the metric that must stay 0 (design §4).
 const evictedBeforeAck = "caddy_mcp_resume_events_evicted_before_ack_total"
 
@@ -202,23 +190,9 @@ func newClient(base, version string, rcvbuf int) *client {
 func (c *client) close() { c.ct.CloseIdleConnections(); c.ct.Cut(false) }
 
 func (c *client) do(ctx context.Context, method, body string, extra map[string]string) (*http.Response, error) {
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, c.url, rd)
+	req, err := harness.NewStreamableRequest(ctx, method, c.url, body, nil, c.sid, c.version)
 	if err != nil {
 		return nil, err
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-	} else {
-		req.Header.Set("Accept", "text/event-stream")
-	}
-	if c.sid != "" {
-		req.Header.Set("Mcp-Session-Id", c.sid)
-		req.Header.Set("Mcp-Protocol-Version", c.version)
 	}
 	for k, v := range extra {
 		req.Header.Set(k, v)
@@ -284,7 +258,7 @@ func (c *client) open(method, body string, extra map[string]string, idle time.Du
 		return nil, fmt.Errorf("%s: %d %s %s", method, resp.StatusCode, resp.Header.Get("Content-Type"), b)
 	}
 	s.resp = resp
-	s.br = bufio.NewReaderSize(resp.Body, 4096)
+	s.events = harness.NewSSEReader(resp.Body, 4096)
 	return s, nil
 }
 
@@ -292,7 +266,7 @@ func (c *client) open(method, body string, extra map[string]string, idle time.Du
 // event arrives for its idle duration.
 type sseStream struct {
 	resp     *http.Response
-	br       *bufio.Reader
+	events   *harness.SSEReader
 	cancel   context.CancelFunc
 	idle     time.Duration
 	watchdog *time.Timer
@@ -302,37 +276,11 @@ type sseStream struct {
 // next returns the next event (comments skipped); io.EOF at the end.
 func (s *sseStream) next() (harness.SSEEvent, error) {
 	s.watchdog.Reset(s.idle)
-	var ev harness.SSEEvent
-	var data []string
-	has := false
-	for {
-		line, err := s.br.ReadString('\n')
-		if err != nil {
-			if s.timedOut.Load() {
-				return ev, fmt.Errorf("no event for %v", s.idle)
-			}
-			if err == io.EOF && line == "" && !has {
-				return ev, io.EOF
-			}
-			return ev, err
-		}
-		line = strings.TrimSuffix(strings.TrimSuffix(line, "\n"), "\r")
-		switch {
-		case line == "":
-			if has {
-				ev.Data = strings.Join(data, "\n")
-				return ev, nil
-			}
-		case strings.HasPrefix(line, ":"):
-		case strings.HasPrefix(line, "id:"):
-			ev.ID, has = strings.TrimPrefix(strings.TrimPrefix(line, "id:"), " "), true
-		case strings.HasPrefix(line, "event:"):
-			ev.Type, has = strings.TrimPrefix(strings.TrimPrefix(line, "event:"), " "), true
-		case strings.HasPrefix(line, "data:"):
-			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
-			has = true
-		}
+	ev, err := s.events.Next()
+	if err != nil && s.timedOut.Load() {
+		return ev, fmt.Errorf("no event for %v", s.idle)
 	}
+	return ev, err
 }
 
 // close drops the connection (the body is unfinished, so the transport closes it).

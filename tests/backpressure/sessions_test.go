@@ -44,7 +44,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 	)
 	f := newFlood(eventSize)
 	up := harness.StartUpstreamSmallBuffers(t, f, 16<<10)
-	c := harness.StartCaddy(t, site(up, `
+	c := harness.StartCaddy(t, harness.Site(up, `
 			max_stream_bytes 128KiB
 			max_session_bytes 256KiB
 			max_total_bytes 16MiB
@@ -321,7 +321,7 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 	)
 	f := newFlood(eventSize)
 	up := harness.StartUpstreamSmallBuffers(t, f, 16<<10)
-	c := harness.StartCaddy(t, site(up, `
+	c := harness.StartCaddy(t, harness.Site(up, `
 			max_stream_bytes 1MiB
 			max_session_bytes 1MiB
 			max_total_bytes 16MiB

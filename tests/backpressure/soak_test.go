@@ -25,7 +25,7 @@ func TestSoakDisconnectResume(t *testing.T) {
 		soakFor  = 40 * time.Second
 	)
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	c := harness.StartCaddy(t, site(upstream, `
+	c := harness.StartCaddy(t, harness.Site(upstream, `
 			max_stream_bytes 64KiB
 			max_session_bytes 256KiB
 			max_total_bytes 16MiB

@@ -29,7 +29,7 @@ import (
 // stall's, not the window's.
 func TestStallTimeoutFailsCallLoudly(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	c := harness.StartCaddy(t, site(upstream, `
+	c := harness.StartCaddy(t, harness.Site(upstream, `
 			max_stream_bytes 64KiB
 			max_session_bytes 64KiB
 			max_total_bytes 8MiB

@@ -97,7 +97,7 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 	f := newFlood(eventSize)
 	up := harness.StartUpstreamSmallBuffers(t, f, upstreamSndbuf)
 	upPort := portOf(t, up)
-	c := harness.StartCaddy(t, site(up, `
+	c := harness.StartCaddy(t, harness.Site(up, `
 			max_stream_bytes 256KiB
 			max_session_bytes 1MiB
 			max_total_bytes 8MiB
@@ -231,7 +231,7 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	f := newFlood(eventSize)
 	up := harness.StartUpstreamSmallBuffers(t, f, upstreamSndbuf)
 	upPort := portOf(t, up)
-	c := harness.StartCaddy(t, site(up, `
+	c := harness.StartCaddy(t, harness.Site(up, `
 			max_stream_bytes 256KiB
 			max_session_bytes 1MiB
 			max_total_bytes 8MiB

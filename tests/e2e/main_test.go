@@ -4,15 +4,9 @@
 package e2e
 
 import (
-	"os"
 	"testing"
 
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-func TestMain(m *testing.M) {
-	cleanup := harness.Isolate()
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { harness.Main(m) }

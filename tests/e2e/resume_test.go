@@ -32,14 +32,14 @@ func TestPrimingOnlyFor20251125(t *testing.T) {
 		primed  bool
 	}{{"2025-11-25", true}, {"2025-06-18", false}, {"2025-03-26", false}} {
 		t.Run(tc.version, func(t *testing.T) {
-			rc := newRawClient(t, c.Base(), tc.version)
-			rc.initialize()
-			resp := rc.call(1, "count", map[string]any{"n": 2, "interval_ms": 10})
+			rc := harness.NewRawClient(t, c.Base(), tc.version)
+			rc.Initialize()
+			resp := rc.Call(1, "count", map[string]any{"n": 2, "interval_ms": 10})
 			defer resp.Body.Close()
 			if cc := resp.Header.Get("Cache-Control"); !strings.Contains(cc, "no-cache") || resp.Header.Get("X-Accel-Buffering") != "no" {
 				t.Errorf("headers: Cache-Control %q, X-Accel-Buffering %q", cc, resp.Header.Get("X-Accel-Buffering"))
 			}
-			evs := readEvents(t, resp, 0)
+			evs := harness.ReadEvents(t, resp, 0)
 			first := mustParse(t, evs[0].ID)
 			if tc.primed {
 				if first.Seq != 0 || evs[0].Data != "" {
@@ -63,10 +63,10 @@ func TestPrimingOnlyFor20251125(t *testing.T) {
 
 // startCut starts a slow count, reads k events (after any priming), and
 // drops the connection. It returns the ids read.
-func startCut(t *testing.T, rc *rawClient, id, n, k, intervalMS int) []string {
+func startCut(t *testing.T, rc *harness.RawClient, id, n, k, intervalMS int) []string {
 	t.Helper()
-	resp := rc.call(id, "count", map[string]any{"n": n, "interval_ms": intervalMS})
-	evs := readEvents(t, resp, k)
+	resp := rc.Call(id, "count", map[string]any{"n": n, "interval_ms": intervalMS})
+	evs := harness.ReadEvents(t, resp, k)
 	resp.Body.Close()
 	ids := make([]string, len(evs))
 	for i, ev := range evs {
@@ -77,14 +77,14 @@ func startCut(t *testing.T, rc *rawClient, id, n, k, intervalMS int) []string {
 
 func TestResumeDecisions(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "resume_window 300ms")
-	rc := newRawClient(t, c.Base(), "2025-06-18")
-	rc.initialize()
+	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
+	rc.Initialize()
 
 	t.Run("replay the missed suffix then the result", func(t *testing.T) {
 		ids := startCut(t, rc, 1, 6, 2, 100)
-		resp := rc.resume(ids[1])
+		resp := rc.Resume(ids[1])
 		defer resp.Body.Close()
-		evs := readEvents(t, resp, 0)
+		evs := harness.ReadEvents(t, resp, 0)
 		last := mustParse(t, ids[1])
 		for i, ev := range evs {
 			if got := mustParse(t, ev.ID); got.Seq != last.Seq+uint64(i)+1 || got.Stream != last.Stream {
@@ -97,16 +97,16 @@ func TestResumeDecisions(t *testing.T) {
 	})
 
 	t.Run("at head replays nothing", func(t *testing.T) {
-		resp := rc.call(2, "count", map[string]any{"n": 1, "interval_ms": 1})
-		evs := readEvents(t, resp, 0)
+		resp := rc.Call(2, "count", map[string]any{"n": 1, "interval_ms": 1})
+		evs := harness.ReadEvents(t, resp, 0)
 		resp.Body.Close()
 		head := evs[len(evs)-1].ID
-		resp = rc.resume(head)
+		resp = rc.Resume(head)
 		defer resp.Body.Close()
 		if resp.StatusCode != 200 {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
-		if evs := readEvents(t, resp, 0); len(evs) != 0 {
+		if evs := harness.ReadEvents(t, resp, 0); len(evs) != 0 {
 			t.Fatalf("resume at head replayed %+v", evs)
 		}
 	})
@@ -115,7 +115,7 @@ func TestResumeDecisions(t *testing.T) {
 		ids := startCut(t, rc, 3, 3, 1, 10)
 		id := mustParse(t, ids[0])
 		id.Seq += 1000
-		resp := rc.resume(id.String())
+		resp := rc.Resume(id.String())
 		defer resp.Body.Close()
 		assertJSONRPCError(t, resp, http.StatusBadRequest)
 	})
@@ -125,12 +125,12 @@ func TestResumeDecisions(t *testing.T) {
 		id := mustParse(t, ids[0])
 		foreign := id
 		foreign.Epoch = "aaaaaaaa"
-		resp := rc.resume(foreign.String())
+		resp := rc.Resume(foreign.String())
 		assertJSONRPCError(t, resp, http.StatusBadRequest)
 		resp.Body.Close()
 		unknown := id
 		unknown.Stream += 100
-		resp = rc.resume(unknown.String())
+		resp = rc.Resume(unknown.String())
 		assertJSONRPCError(t, resp, http.StatusBadRequest)
 		resp.Body.Close()
 	})
@@ -141,9 +141,9 @@ func TestResumeDecisions(t *testing.T) {
 		ids := startCut(t, rc, 5, 30, 3, 60)
 		first := mustParse(t, ids[0])
 		time.Sleep(1500 * time.Millisecond) // window 300ms + a sweep
-		resp := rc.resume(ids[0])
+		resp := rc.Resume(ids[0])
 		defer resp.Body.Close()
-		evs := readEvents(t, resp, 0)
+		evs := harness.ReadEvents(t, resp, 0)
 		if len(evs) < 3 || evs[0].Type != "gap" {
 			t.Fatalf("want a gap event first, got %+v", evs)
 		}
@@ -177,13 +177,13 @@ func TestResumeDecisions(t *testing.T) {
 	})
 
 	t.Run("below the floor without the response is a JSON-RPC error", func(t *testing.T) {
-		resp := rc.call(6, "count", map[string]any{"n": 3, "interval_ms": 1})
-		evs := readEvents(t, resp, 0)
+		resp := rc.Call(6, "count", map[string]any{"n": 3, "interval_ms": 1})
+		evs := harness.ReadEvents(t, resp, 0)
 		resp.Body.Close()
 		time.Sleep(1500 * time.Millisecond) // all delivered and evicted
-		resp = rc.resume(evs[0].ID)
+		resp = rc.Resume(evs[0].ID)
 		defer resp.Body.Close()
-		got := readEvents(t, resp, 0)
+		got := harness.ReadEvents(t, resp, 0)
 		if len(got) != 2 || got[0].Type != "gap" || !strings.Contains(got[1].Data, `"id":6`) || !strings.Contains(got[1].Data, `"error"`) {
 			t.Fatalf("want gap then an error for request 6, got %+v", got)
 		}
@@ -191,17 +191,17 @@ func TestResumeDecisions(t *testing.T) {
 
 	t.Run("a second connection takes the stream over", func(t *testing.T) {
 		ids := startCut(t, rc, 7, 40, 1, 100)
-		first := rc.resume(ids[0])
+		first := rc.Resume(ids[0])
 		defer first.Body.Close()
-		if evs := readEvents(t, first, 1); len(evs) != 1 {
+		if evs := harness.ReadEvents(t, first, 1); len(evs) != 1 {
 			t.Fatal("first resume got nothing")
 		}
-		second := rc.resume(ids[0]) // the client went back: no 409, a takeover
+		second := rc.Resume(ids[0]) // the client went back: no 409, a takeover
 		defer second.Body.Close()
 		if second.StatusCode != 200 {
 			t.Fatalf("takeover status %d", second.StatusCode)
 		}
-		evs := readEvents(t, second, 2)
+		evs := harness.ReadEvents(t, second, 2)
 		if mustParse(t, evs[0].ID).Seq != mustParse(t, ids[0]).Seq+1 {
 			t.Fatalf("takeover did not replay from its cursor: %+v", evs)
 		}
@@ -238,16 +238,16 @@ func assertJSONRPCError(t *testing.T, resp *http.Response, status int) {
 // format (e.g. after a proxy restart), gets an explicit gap, not silence.
 func TestResumeAfterProxyRestartIsAGap(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	c := harness.StartCaddy(t, siteFor(upstream, ""))
-	rc := newRawClient(t, c.Base(), "2025-06-18")
-	rc.initialize()
+	c := harness.StartCaddy(t, harness.Site(upstream, ""))
+	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
+	rc.Initialize()
 	ids := startCut(t, rc, 1, 3, 1, 10)
 	// Restart: stop Caddy (the store goes with it), start it again.
 	harness.StopCaddy(t)
-	c.Load(t, siteFor(upstream, ""))
-	resp := rc.resume(ids[0])
+	c.Load(t, harness.Site(upstream, ""))
+	resp := rc.Resume(ids[0])
 	defer resp.Body.Close()
-	evs := readEvents(t, resp, 2)
+	evs := harness.ReadEvents(t, resp, 2)
 	if evs[0].Type != "gap" || !strings.Contains(evs[0].Data, `"reason":"proxy_restarted"`) {
 		t.Fatalf("want a proxy_restarted gap, got %+v", evs)
 	}
@@ -259,9 +259,9 @@ func TestResumeAfterProxyRestartIsAGap(t *testing.T) {
 		t.Fatalf("want a warning notification, got %+v", evs[1])
 	}
 	// The adopted session works: a new call is tapped under the new epoch.
-	resp2 := rc.call(2, "count", map[string]any{"n": 1, "interval_ms": 1})
+	resp2 := rc.Call(2, "count", map[string]any{"n": 1, "interval_ms": 1})
 	defer resp2.Body.Close()
-	evs = readEvents(t, resp2, 0)
+	evs = harness.ReadEvents(t, resp2, 0)
 	if mustParse(t, evs[0].ID).Epoch != moved.Epoch {
 		t.Fatalf("new stream not under the adopted epoch: %+v", evs)
 	}
@@ -271,12 +271,12 @@ func TestResumeAfterProxyRestartIsAGap(t *testing.T) {
 // pool that outlives the config, and the detached upstream read carries on.
 func TestReloadMidStreamLosesNothing(t *testing.T) {
 	c, upstream := proxyFor(t, demoserver.Options{}, "")
-	rc := newRawClient(t, c.Base(), "2025-06-18")
-	rc.initialize()
-	resp := rc.call(1, "count", map[string]any{"n": 15, "interval_ms": 100})
-	evs := readEvents(t, resp, 3)
-	c.Load(t, siteFor(upstream, "keepalive 10s")) // a changed config, as `caddy reload`
-	more := readEvents(t, resp, 0)                // the same connection carries on
+	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
+	rc.Initialize()
+	resp := rc.Call(1, "count", map[string]any{"n": 15, "interval_ms": 100})
+	evs := harness.ReadEvents(t, resp, 3)
+	c.Load(t, harness.Site(upstream, "keepalive 10s")) // a changed config, as `caddy reload`
+	more := harness.ReadEvents(t, resp, 0)             // the same connection carries on
 	resp.Body.Close()
 	evs = append(evs, more...)
 	if len(evs) != 16 || !strings.Contains(evs[15].Data, `"counted to 15"`) {
@@ -289,10 +289,10 @@ func TestReloadMidStreamLosesNothing(t *testing.T) {
 	}
 	// And a cut after the reload resumes from the same log.
 	ids := startCut(t, rc, 2, 6, 2, 80)
-	c.Load(t, siteFor(upstream, ""))
-	resp = rc.resume(ids[1])
+	c.Load(t, harness.Site(upstream, ""))
+	resp = rc.Resume(ids[1])
 	defer resp.Body.Close()
-	if evs := readEvents(t, resp, 0); len(evs) != 5 {
+	if evs := harness.ReadEvents(t, resp, 0); len(evs) != 5 {
 		t.Fatalf("resume after reload got %d events, want 5", len(evs))
 	}
 }
@@ -316,7 +316,7 @@ func TestMCP20260728PassesThrough(t *testing.T) {
 		case <-time.After(20 * time.Second):
 		}
 	}))
-	c := harness.StartCaddy(t, siteFor(up, ""))
+	c := harness.StartCaddy(t, harness.Site(up, ""))
 	send := func(query string) *http.Response {
 		req, _ := http.NewRequest("POST", c.Base()+"/mcp"+query, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}`))
 		req.Header.Set("Content-Type", "application/json")
@@ -352,11 +352,11 @@ func TestMCP20260728PassesThrough(t *testing.T) {
 // upstream SDKs split their own IDs on) or CR/LF.
 func TestIDsAreOpaqueAndShort(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "")
-	rc := newRawClient(t, c.Base(), "2025-11-25")
-	rc.initialize()
-	resp := rc.call(1, "count", map[string]any{"n": 2, "interval_ms": 1})
+	rc := harness.NewRawClient(t, c.Base(), "2025-11-25")
+	rc.Initialize()
+	resp := rc.Call(1, "count", map[string]any{"n": 2, "interval_ms": 1})
 	defer resp.Body.Close()
-	for _, ev := range readEvents(t, resp, 0) {
+	for _, ev := range harness.ReadEvents(t, resp, 0) {
 		if strings.ContainsAny(ev.ID, "_\r\n") || len(ev.ID) > eventid.MaxLen {
 			t.Fatalf("id %q", ev.ID)
 		}
@@ -369,19 +369,19 @@ func TestIDsAreOpaqueAndShort(t *testing.T) {
 // tool does not run twice.
 func TestRepeatedRequestIsAnsweredFromTheLog(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "")
-	rc := newRawClient(t, c.Base(), "2025-06-18")
-	rc.initialize()
+	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
+	rc.Initialize()
 	first := startCut(t, rc, 9, 5, 2, 50)
-	resp := rc.call(9, "count", map[string]any{"n": 5, "interval_ms": 50})
+	resp := rc.Call(9, "count", map[string]any{"n": 5, "interval_ms": 50})
 	defer resp.Body.Close()
-	evs := readEvents(t, resp, 0)
+	evs := harness.ReadEvents(t, resp, 0)
 	if len(evs) != 6 || evs[0].ID != first[0] || evs[1].ID != first[1] || !strings.Contains(evs[5].Data, `"counted to 5"`) {
 		t.Fatalf("the repeat was not answered from the first stream (first ids %v): %+v", first, evs)
 	}
 	// A different request id is a new call.
-	other := rc.call(10, "count", map[string]any{"n": 5, "interval_ms": 1})
+	other := rc.Call(10, "count", map[string]any{"n": 5, "interval_ms": 1})
 	defer other.Body.Close()
-	if evs := readEvents(t, other, 1); mustParse(t, evs[0].ID).Stream == mustParse(t, first[0]).Stream {
+	if evs := harness.ReadEvents(t, other, 1); mustParse(t, evs[0].ID).Stream == mustParse(t, first[0]).Stream {
 		t.Fatal("a new request was answered from another request's stream")
 	}
 }

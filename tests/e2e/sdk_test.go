@@ -126,7 +126,7 @@ func TestToolCallSurvivesConnectionCut(t *testing.T) {
 				}
 				// The SDK hands notifications to their handler asynchronously:
 				// the last may be dispatched just after the result.
-				waitFor(t, 5*time.Second, "progress", func() bool { return len(client.progressSeen()) >= n })
+				harness.WaitFor(t, 5*time.Second, "progress", func() bool { return len(client.progressSeen()) >= n })
 				time.Sleep(100 * time.Millisecond)
 				assertOnceInOrder(t, client.progressSeen(), n)
 			})
@@ -172,7 +172,7 @@ func TestStandaloneStreamSurvivesConnectionCut(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			// Let the standalone GET reach the upstream before notices are sent.
-			waitFor(t, 5*time.Second, "standalone stream", func() bool {
+			harness.WaitFor(t, 5*time.Second, "standalone stream", func() bool {
 				s := adminSessions(t, c)
 				return len(s) == 1 && len(s[0]["streams"].([]any)) == 1
 			})
@@ -181,7 +181,7 @@ func TestStandaloneStreamSurvivesConnectionCut(t *testing.T) {
 				t.Fatal(err)
 			}
 			<-cut
-			waitFor(t, 20*time.Second, "all notices", func() bool { return len(client.noticesSeen()) >= n })
+			harness.WaitFor(t, 20*time.Second, "all notices", func() bool { return len(client.noticesSeen()) >= n })
 			time.Sleep(300 * time.Millisecond) // a duplicate would arrive now
 			got := client.noticesSeen()
 			if len(got) != n {

@@ -37,7 +37,7 @@ func TestStopWithDetachedStreamsIsPrompt(t *testing.T) {
 :%d {
 %s
 }
-`, adminPort, httpPort, httpPort, siteFor(upstream, ""))), 0o600)
+`, adminPort, httpPort, httpPort, harness.Site(upstream, ""))), 0o600)
 	run := exec.Command(bin, "run", "--config", cfg)
 	run.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
 	if err := run.Start(); err != nil {
@@ -48,16 +48,16 @@ func TestStopWithDetachedStreamsIsPrompt(t *testing.T) {
 	t.Cleanup(func() { run.Process.Kill() })
 
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
-	waitFor(t, 20*time.Second, "caddy to listen", func() bool {
-		c := newRawClient(t, base, "")
-		req, _ := c.http.Get(base + "/")
+	probe := harness.NewRawClient(t, base, "")
+	harness.WaitFor(t, 20*time.Second, "caddy to listen", func() bool {
+		req, _ := probe.HTTP.Get(base + "/")
 		if req != nil {
 			req.Body.Close()
 		}
 		return req != nil
 	})
-	rc := newRawClient(t, base, "2025-06-18")
-	rc.initialize()
+	rc := harness.NewRawClient(t, base, "2025-06-18")
+	rc.Initialize()
 	// Detached streams: the tool runs for a minute; its clients leave.
 	for i := 1; i <= 3; i++ {
 		startCut(t, rc, i, 120, 1, 500)

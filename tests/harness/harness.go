@@ -7,13 +7,13 @@ package harness
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,9 +26,20 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 )
 
-// Isolate points Caddy's home, config and data directories at a temporary
-// directory; call it from TestMain before anything starts Caddy.
-func Isolate() (cleanup func()) {
+// Main is the TestMain of every package that starts Caddy: it runs the
+// tests with Caddy's home, config and data directories in a temporary
+// directory (so no test reads or writes the user's), removes that, and exits
+// with the tests' code.
+func Main(m *testing.M) {
+	cleanup := isolate()
+	code := m.Run()
+	cleanup()
+	os.Exit(code)
+}
+
+// isolate points Caddy's home, config and data directories at a temporary
+// directory; Main calls it before anything starts Caddy.
+func isolate() (cleanup func()) {
 	dir, err := os.MkdirTemp("", "mcp-resume-test-")
 	if err != nil {
 		panic(err)
@@ -80,6 +91,13 @@ func StartCaddy(t testing.TB, site string) *Caddy {
 // Load (re)loads the config, as `caddy reload` does.
 func (c *Caddy) Load(t testing.TB, site string) {
 	t.Helper()
+	c.LoadWithGlobal(t, "", site)
+}
+
+// LoadWithGlobal is Load with extra lines in the global options block (e.g.
+// "metrics" to turn on Caddy's own HTTP metrics).
+func (c *Caddy) LoadWithGlobal(t testing.TB, global, site string) {
+	t.Helper()
 	cfg := fmt.Sprintf(`{
 	admin localhost:%d
 	http_port %d
@@ -91,21 +109,34 @@ func (c *Caddy) Load(t testing.TB, site string) {
 	log {
 		level ERROR
 	}
+%s
 }
 :%d {
 %s
 }
-`, c.AdminPort, c.HTTPPort, FreePort(t), c.HTTPPort, site)
-	adapter := caddyconfig.GetAdapter("caddyfile")
-	js, warnings, err := adapter.Adapt([]byte(cfg), nil)
+`, c.AdminPort, c.HTTPPort, FreePort(t), global, c.HTTPPort, site)
+	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil) // warnings: only "input is not formatted"
 	if err != nil {
 		t.Fatalf("adapting Caddyfile: %v\n%s", err, cfg)
 	}
-	_ = warnings // only "input is not formatted"
 	if err := caddy.Load(js, true); err != nil {
 		t.Fatalf("loading config: %v", err)
 	}
 	waitListening(t, c.HTTPPort)
+}
+
+// Site is a Caddyfile site body (what goes inside `:PORT { }`) as the
+// README's typical use has it: on /mcp*, mcp_resume with the given options
+// (the lines of its block, "" for none) in front of reverse_proxy to
+// upstream (host:port).
+func Site(upstream, moduleOptions string) string {
+	if moduleOptions != "" {
+		moduleOptions = "{\n" + moduleOptions + "\n}"
+	}
+	return fmt.Sprintf(`	route /mcp* {
+		mcp_resume %s
+		reverse_proxy %s
+	}`, moduleOptions, upstream)
 }
 
 func waitListening(t testing.TB, port int) {
@@ -142,9 +173,26 @@ type CuttableTransport struct {
 }
 
 // NewCuttableTransport returns a transport that dials loopback for real.
-func NewCuttableTransport() *CuttableTransport {
+func NewCuttableTransport() *CuttableTransport { return NewCuttableTransportRcvbuf(0) }
+
+// NewCuttableTransportRcvbuf is NewCuttableTransport whose sockets get the
+// given receive buffer (SO_RCVBUF, set before connecting so the advertised
+// window follows it; 0 leaves the kernel's autotuning alone).
+func NewCuttableTransportRcvbuf(rcvbuf int) *CuttableTransport {
 	ct := &CuttableTransport{conns: make(map[net.Conn]bool)}
 	d := &net.Dialer{}
+	if rcvbuf > 0 {
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, rcvbuf)
+			})
+			if err != nil {
+				return err
+			}
+			return serr
+		}
+	}
 	ct.Transport = &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := d.DialContext(ctx, network, addr)
@@ -197,74 +245,6 @@ func (ct *CuttableTransport) Open() int {
 	ct.mu.Lock()
 	defer ct.mu.Unlock()
 	return len(ct.conns)
-}
-
-// SSEEvent is one event read by ReadSSE.
-type SSEEvent struct {
-	ID, Type, Data string
-}
-
-// ReadSSE reads events from an SSE body until n events were read, the body
-// ends, or the timeout passes. Comments are skipped.
-func ReadSSE(body io.Reader, n int, timeout time.Duration) ([]SSEEvent, error) {
-	type result struct {
-		evs []SSEEvent
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		var evs []SSEEvent
-		var cur SSEEvent
-		var data []string
-		var has bool
-		buf := make([]byte, 0, 4096)
-		tmp := make([]byte, 4096)
-		for {
-			k, err := body.Read(tmp)
-			buf = append(buf, tmp[:k]...)
-			for {
-				i := strings.IndexByte(string(buf), '\n')
-				if i < 0 {
-					break
-				}
-				line := strings.TrimSuffix(string(buf[:i]), "\r")
-				buf = buf[i+1:]
-				switch {
-				case line == "":
-					if has {
-						cur.Data = strings.Join(data, "\n")
-						evs = append(evs, cur)
-						if n > 0 && len(evs) >= n {
-							ch <- result{evs, nil}
-							return
-						}
-					}
-					cur, data, has = SSEEvent{}, nil, false
-				case strings.HasPrefix(line, ":"):
-				case strings.HasPrefix(line, "id:"):
-					cur.ID, has = strings.TrimPrefix(strings.TrimPrefix(line, "id:"), " "), true
-				case strings.HasPrefix(line, "event:"):
-					cur.Type, has = strings.TrimPrefix(strings.TrimPrefix(line, "event:"), " "), true
-				case strings.HasPrefix(line, "data:"):
-					data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
-					has = true
-				}
-			}
-			if err != nil {
-				ch <- result{evs, err}
-				return
-			}
-		}
-	}()
-	select {
-	case r := <-ch:
-		if r.err == io.EOF {
-			r.err = nil
-		}
-		return r.evs, r.err
-	case <-time.After(timeout):
-		return nil, fmt.Errorf("timed out after %v waiting for %d events", timeout, n)
-	}
 }
 
 // StopCaddy stops the in-process Caddy, as a process restart would; Load

@@ -6,7 +6,6 @@ package harness
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -18,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -220,40 +218,6 @@ func (l *bufferListener) Accept() (net.Conn, error) {
 	return c, nil
 }
 
-// NewCuttableTransportRcvbuf is NewCuttableTransport whose sockets get the
-// given receive buffer (SO_RCVBUF, set before connecting so the advertised
-// window follows it; 0 leaves the kernel's autotuning alone).
-func NewCuttableTransportRcvbuf(rcvbuf int) *CuttableTransport {
-	ct := &CuttableTransport{conns: make(map[net.Conn]bool)}
-	d := &net.Dialer{}
-	if rcvbuf > 0 {
-		d.Control = func(_, _ string, rc syscall.RawConn) error {
-			var serr error
-			err := rc.Control(func(fd uintptr) {
-				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, rcvbuf)
-			})
-			if err != nil {
-				return err
-			}
-			return serr
-		}
-	}
-	ct.Transport = &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			ct.mu.Lock()
-			ct.conns[c] = true
-			ct.mu.Unlock()
-			return &trackedConn{Conn: c, ct: ct}, nil
-		},
-		DisableCompression: true,
-	}
-	return ct
-}
-
 // GatedTransport passes requests to Next unless it is held: then new
 // requests wait (as behind a network that is down) until Release or their
 // context ends.
@@ -320,5 +284,14 @@ func Eventually(timeout, interval time.Duration, cond func() bool) bool {
 			return false
 		}
 		time.Sleep(interval)
+	}
+}
+
+// WaitFor polls cond every 20ms until it holds, and fails the test (saying
+// what it waited for) if it does not within timeout.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !Eventually(timeout, 20*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }

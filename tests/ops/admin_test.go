@@ -20,25 +20,25 @@ func TestAdminAPI(t *testing.T) {
 
 	// Session A: a standalone GET stream (kept open) with two notices on it,
 	// and two finished request streams, one carrying a recognisable payload.
-	a := newRawClient(t, c.Base(), "2025-11-25")
-	a.initialize()
-	get := a.request("GET", "", nil)
+	a := harness.NewRawClient(t, c.Base(), "2025-11-25")
+	a.Initialize()
+	get := a.Request("GET", "", nil)
 	defer get.Body.Close()
 	if get.StatusCode != http.StatusOK {
 		t.Fatalf("standalone GET: %d", get.StatusCode)
 	}
-	prime := readEvents(t, get, 1)
+	prime := harness.ReadEvents(t, get, 1)
 	epochA := epochOf(t, prime[0].ID)
 	wantIDs(t, prime, epochA, 1, 0)
-	wantIDs(t, a.callToEnd(1, "echo", map[string]any{"text": secret}), epochA, 2, 0, 1)
-	wantIDs(t, a.callToEnd(2, "notify", map[string]any{"n": 2, "interval_ms": 10}), epochA, 3, 0, 1)
-	notices := readEvents(t, get, 2)
+	wantIDs(t, a.CallToEnd(1, "echo", map[string]any{"text": secret}), epochA, 2, 0, 1)
+	wantIDs(t, a.CallToEnd(2, "notify", map[string]any{"n": 2, "interval_ms": 10}), epochA, 3, 0, 1)
+	notices := harness.ReadEvents(t, get, 2)
 	wantIDs(t, notices, epochA, 1, 1, 2)
 
 	// Session B: one finished request stream.
-	b := newRawClient(t, c.Base(), "2025-06-18")
-	b.initialize()
-	evs := b.callToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
+	b := harness.NewRawClient(t, c.Base(), "2025-06-18")
+	b.Initialize()
+	evs := b.CallToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
 	epochB := epochOf(t, evs[0].ID)
 	wantIDs(t, evs, epochB, 1, 1, 2, 3, 4) // 2025-06-18: no priming event
 
@@ -50,8 +50,8 @@ func TestAdminAPI(t *testing.T) {
 	assertNoPayloads(t, raw)
 	var list []sessionInfo
 	decodeStrict(t, raw, &list)
-	if len(list) != 2 || list[0].ID != a.sid || list[1].ID != b.sid {
-		t.Fatalf("listed %+v, want sessions %s and %s in creation order", list, a.sid, b.sid)
+	if len(list) != 2 || list[0].ID != a.SID || list[1].ID != b.SID {
+		t.Fatalf("listed %+v, want sessions %s and %s in creation order", list, a.SID, b.SID)
 	}
 	sa := list[0]
 	if sa.Epoch != epochA || sa.ProtocolVersion != "2025-11-25" || sa.ConnectedClients != 1 || sa.RetainedBytes <= 0 || len(sa.Streams) != 3 {
@@ -86,14 +86,14 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	// One session.
-	status, raw = adminDo(t, c, "GET", "/mcp_resume/sessions/"+a.sid)
+	status, raw = adminDo(t, c, "GET", "/mcp_resume/sessions/"+a.SID)
 	if status != http.StatusOK {
 		t.Fatalf("show: %d %s", status, raw)
 	}
 	assertNoPayloads(t, raw)
 	var one sessionInfo
 	decodeStrict(t, raw, &one)
-	if one.ID != a.sid || one.Epoch != epochA || len(one.Streams) != 3 {
+	if one.ID != a.SID || one.Epoch != epochA || len(one.Streams) != 3 {
 		t.Errorf("show: %+v", one)
 	}
 
@@ -111,21 +111,21 @@ func TestAdminAPI(t *testing.T) {
 	// since the upstream still knows the session: a gap "purged", then a
 	// warning the client's SDK surfaces, then the standalone stream live.
 	m0 := scrapeBoth(t, c)
-	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.sid); status != http.StatusNoContent {
+	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.SID); status != http.StatusNoContent {
 		t.Fatalf("purge: %d %s, want 204", status, raw)
 	}
-	if status, _ := adminDo(t, c, "GET", "/mcp_resume/sessions/"+b.sid); status != http.StatusNotFound {
+	if status, _ := adminDo(t, c, "GET", "/mcp_resume/sessions/"+b.SID); status != http.StatusNotFound {
 		t.Errorf("purged session still shown: %d", status)
 	}
-	if l := adminSessions(t, c); len(l) != 1 || l[0].ID != a.sid {
+	if l := adminSessions(t, c); len(l) != 1 || l[0].ID != a.SID {
 		t.Errorf("after the purge the list is %+v", l)
 	}
 	lastID := eid(epochB, 1, 2)
-	resp := b.resume(lastID)
+	resp := b.Resume(lastID)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("resume after purge: %d %q, want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	evs = readEvents(t, resp, 2)
+	evs = harness.ReadEvents(t, resp, 2)
 	resp.Body.Close()
 	if evs[0].Type != "gap" {
 		t.Fatalf("first event %+v, want event: gap", evs[0])
@@ -156,7 +156,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 	readopted := false
 	for _, s := range adminSessions(t, c) {
-		if s.ID == b.sid {
+		if s.ID == b.SID {
 			readopted = s.Epoch == newEpoch
 		}
 	}
@@ -168,7 +168,7 @@ func TestAdminAPI(t *testing.T) {
 	expectDelta(t, m0, m1, 1, "gaps_total", "reason", "purged")
 
 	// Purge A while its standalone stream is connected: the client's stream ends.
-	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.sid); status != http.StatusNoContent {
+	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.SID); status != http.StatusNoContent {
 		t.Fatalf("purge A: %d %s", status, raw)
 	}
 	if rest, err := harness.ReadSSE(get.Body, 0, 5*time.Second); err != nil || len(rest) != 0 {
@@ -178,7 +178,7 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("sessions = %v after purging A, want 1 (B, re-adopted)", got)
 	}
 	// Let the re-adopted session's detached upstream GET go now.
-	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.sid); status != http.StatusNoContent {
+	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.SID); status != http.StatusNoContent {
 		t.Errorf("purge re-adopted B: %d %s", status, raw)
 	}
 }
@@ -188,13 +188,13 @@ func TestAdminAPI(t *testing.T) {
 // must move; likewise for sessions deleted or expired.
 func TestMetricsPurgeCountsLiveStreams(t *testing.T) {
 	c, _ := start(t, "")
-	a := newRawClient(t, c.Base(), "2025-11-25")
-	a.initialize()
-	get := a.request("GET", "", nil)
+	a := harness.NewRawClient(t, c.Base(), "2025-11-25")
+	a.Initialize()
+	get := a.Request("GET", "", nil)
 	defer get.Body.Close()
-	readEvents(t, get, 1) // priming: the upstream GET is open, the stream live
+	harness.ReadEvents(t, get, 1) // priming: the upstream GET is open, the stream live
 	m0 := scrapeBoth(t, c)
-	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.sid); status != http.StatusNoContent {
+	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.SID); status != http.StatusNoContent {
 		t.Fatalf("purge: %d %s", status, raw)
 	}
 	m1 := scrapeBoth(t, c)

@@ -67,19 +67,19 @@ func TestLogsFollowReload(t *testing.T) {
 	c := harness.StartCaddy(t, "\trespond 204")
 	for i, path := range []string{first, second} {
 		c.LoadWithGlobal(t, logTo(path), site(upstream, ""))
-		cl := newRawClient(t, c.Base(), "2025-11-25")
-		cl.initialize()
-		l, ok := findLog(t, path, "session registered", cl.sid)
+		cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
+		cl.Initialize()
+		l, ok := findLog(t, path, "session registered", cl.SID)
 		if !ok || l.Level != "info" || l.Logger != "http.handlers.mcp_resume" {
-			t.Fatalf("config %d: no 'session registered' line for %s in %s (got %+v)", i+1, cl.sid, path, l)
+			t.Fatalf("config %d: no 'session registered' line for %s in %s (got %+v)", i+1, cl.SID, path, l)
 		}
-		if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+cl.sid); status != http.StatusNoContent {
+		if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+cl.SID); status != http.StatusNoContent {
 			t.Fatalf("purge: %d %s", status, raw)
 		}
-		if l, ok := findLog(t, path, "session ended", cl.sid); !ok || l.Reason != "purged" {
-			_, stale := findLog(t, first, "session ended", cl.sid)
+		if l, ok := findLog(t, path, "session ended", cl.SID); !ok || l.Reason != "purged" {
+			_, stale := findLog(t, first, "session ended", cl.SID)
 			t.Errorf("config %d: no 'session ended' line (reason purged) for %s in %s, the log of the current config (in %s, the first config's log: %v)",
-				i+1, cl.sid, filepath.Base(path), filepath.Base(first), stale)
+				i+1, cl.SID, filepath.Base(path), filepath.Base(first), stale)
 		}
 	}
 }

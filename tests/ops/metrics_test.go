@@ -27,14 +27,14 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 		t.Fatalf("sessions before any traffic = %v (present %v), want 0", v, ok)
 	}
 
-	cl := newRawClient(t, c.Base(), "2025-11-25")
-	cl.initialize()
+	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
+	cl.Initialize()
 	m1 := scrapeBoth(t, c)
 	if got := m1.get("sessions"); got != 1 {
 		t.Errorf("sessions = %v after initialize, want 1", got)
 	}
 
-	evs := cl.callToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
+	evs := cl.CallToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
 	epoch := epochOf(t, evs[0].ID)
 	wantIDs(t, evs, epoch, 1, 0, 1, 2, 3, 4) // priming, 3 progress, result
 	m2 := scrapeBoth(t, c)
@@ -53,19 +53,19 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 	}
 
 	// Replay: the client saw event 1 only.
-	resp := cl.resume(eid(epoch, 1, 1))
+	resp := cl.Resume(eid(epoch, 1, 1))
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("resume: %d", resp.StatusCode)
 	}
-	wantIDs(t, readEvents(t, resp, 0), epoch, 1, 2, 3, 4)
+	wantIDs(t, harness.ReadEvents(t, resp, 0), epoch, 1, 2, 3, 4)
 	resp.Body.Close()
 
 	// At head: nothing to replay; the stream is complete, so it ends.
-	resp = cl.resume(eid(epoch, 1, 4))
+	resp = cl.Resume(eid(epoch, 1, 4))
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("resume at head: %d", resp.StatusCode)
 	}
-	if evs := readEvents(t, resp, 0); len(evs) != 0 {
+	if evs := harness.ReadEvents(t, resp, 0); len(evs) != 0 {
 		t.Errorf("resume at head replayed %+v", evs)
 	}
 	resp.Body.Close()
@@ -76,7 +76,7 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 		other = eventid.NewEpoch()
 	}
 	for _, id := range []string{eid(epoch, 1, 9), eid(other, 1, 1)} {
-		resp = cl.resume(id)
+		resp = cl.Resume(id)
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(body), `"code":-32011`) {
@@ -107,16 +107,16 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 // gap signal, and the gap metrics move, while evicted-before-ack stays 0.
 func TestMetricsGap(t *testing.T) {
 	c, _ := start(t, "resume_window 300ms")
-	cl := newRawClient(t, c.Base(), "2025-11-25")
-	cl.initialize()
+	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
+	cl.Initialize()
 	m0 := scrapeBoth(t, c)
 
-	evs := cl.callToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
+	evs := cl.CallToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
 	epoch := epochOf(t, evs[0].ID)
 	wantIDs(t, evs, epoch, 1, 0, 1, 2, 3, 4)
 
 	// Delivered 300ms ago or more: evicted within a sweep (500ms) after that.
-	waitFor(t, 5*time.Second, "the delivered events to be evicted", func() bool {
+	harness.WaitFor(t, 5*time.Second, "the delivered events to be evicted", func() bool {
 		s := adminSessions(t, c)
 		if len(s) != 1 {
 			return false
@@ -131,11 +131,11 @@ func TestMetricsGap(t *testing.T) {
 		t.Errorf("retained_bytes = %v after eviction, want 0", got)
 	}
 
-	resp := cl.resume(eid(epoch, 1, 1))
+	resp := cl.Resume(eid(epoch, 1, 1))
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("resume below the floor: %d %q, want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	evs = readEvents(t, resp, 0)
+	evs = harness.ReadEvents(t, resp, 0)
 	resp.Body.Close()
 	if len(evs) != 2 {
 		t.Fatalf("got %d events, want the gap event and an error for the lost result: %+v", len(evs), evs)
@@ -179,12 +179,12 @@ func TestMetricsGap(t *testing.T) {
 func TestMetricsSurviveReload(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
 	c := harness.StartCaddy(t, site(upstream, ""))
-	cl := newRawClient(t, c.Base(), "2025-11-25")
-	cl.initialize()
-	evs := cl.callToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 0})
+	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
+	cl.Initialize()
+	evs := cl.CallToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 0})
 	epoch := epochOf(t, evs[0].ID)
-	resp := cl.resume(eid(epoch, 1, 1))
-	wantIDs(t, readEvents(t, resp, 0), epoch, 1, 2, 3)
+	resp := cl.Resume(eid(epoch, 1, 1))
+	wantIDs(t, harness.ReadEvents(t, resp, 0), epoch, 1, 2, 3)
 	resp.Body.Close()
 	before := scrapeBoth(t, c)
 
@@ -198,7 +198,7 @@ func TestMetricsSurviveReload(t *testing.T) {
 	}
 	for i, rl := range reloads {
 		rl.load()
-		cl.reconnect()
+		cl.Reconnect()
 		after := scrapeBoth(t, c)
 		for k, v := range before.family(prefix).vals {
 			if w, ok := after.vals[k]; !before.isGauge(k) && (!ok || w < v) {
@@ -213,12 +213,12 @@ func TestMetricsSurviveReload(t *testing.T) {
 		}
 
 		// Still counting: a resume at head and a new call.
-		resp := cl.resume(eid(epoch, 1, 3))
-		if evs := readEvents(t, resp, 0); resp.StatusCode != http.StatusOK || len(evs) != 0 {
+		resp := cl.Resume(eid(epoch, 1, 3))
+		if evs := harness.ReadEvents(t, resp, 0); resp.StatusCode != http.StatusOK || len(evs) != 0 {
 			t.Errorf("reload %q: resume at head: %d %+v", rl.name, resp.StatusCode, evs)
 		}
 		resp.Body.Close()
-		cl.callToEnd(2+i, "count", map[string]any{"n": 1, "interval_ms": 0})
+		cl.CallToEnd(2+i, "count", map[string]any{"n": 1, "interval_ms": 0})
 		now := scrapeBoth(t, c)
 		expectDelta(t, after, now, 1, "resumes_total", "outcome", "noop")
 		expectDelta(t, after, now, 2, "events_enqueued_total")
@@ -235,11 +235,11 @@ func TestMetricsSurviveReload(t *testing.T) {
 // only checked when the traffic moves them).
 func TestEveryMetricIsExposed(t *testing.T) {
 	c, _ := start(t, "")
-	cl := newRawClient(t, c.Base(), "2025-11-25")
-	cl.initialize()
-	evs := cl.callToEnd(1, "count", map[string]any{"n": 1, "interval_ms": 0})
-	resp := cl.resume(evs[1].ID)
-	readEvents(t, resp, 0)
+	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
+	cl.Initialize()
+	evs := cl.CallToEnd(1, "count", map[string]any{"n": 1, "interval_ms": 0})
+	resp := cl.Resume(evs[1].ID)
+	harness.ReadEvents(t, resp, 0)
 	resp.Body.Close()
 	m := scrapeBoth(t, c)
 	present := func(name string) bool {

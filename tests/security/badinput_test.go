@@ -50,7 +50,7 @@ type badInput struct {
 // contiguous and complete.
 func TestBadInputs(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	caddy := harness.StartCaddy(t, siteFor(upstream, `		max_request_bytes 64KiB
+	caddy := harness.StartCaddy(t, harness.Site(upstream, `		max_request_bytes 64KiB
 		max_event_bytes 64KiB
 		max_stream_bytes 1MiB
 		max_sessions 3

@@ -3,6 +3,7 @@ package security
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,18 +20,6 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
-
-// siteFor is a Caddyfile site body: mcp_resume with the given options in
-// front of upstream (host:port).
-func siteFor(upstream, moduleOptions string) string {
-	if moduleOptions != "" {
-		moduleOptions = "{\n" + moduleOptions + "\n}"
-	}
-	return fmt.Sprintf(`	route /mcp* {
-		mcp_resume %s
-		reverse_proxy %s
-	}`, moduleOptions, upstream)
-}
 
 // client speaks Streamable HTTP by hand. Its methods return errors rather
 // than failing a test, so background goroutines can use them too.
@@ -63,28 +52,9 @@ func (c *client) with(header http.Header) *client {
 // do sends a request. body "" means none; extra headers override defaults;
 // an extra header with a nil value is removed.
 func (c *client) do(method, body string, extra http.Header) (*http.Response, error) {
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequest(method, c.url, rd)
+	req, err := harness.NewStreamableRequest(context.Background(), method, c.url, body, c.header, c.sid, c.version)
 	if err != nil {
 		return nil, err
-	}
-	for k, v := range c.header {
-		req.Header[k] = v
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-	} else {
-		req.Header.Set("Accept", "text/event-stream")
-	}
-	if c.sid != "" {
-		req.Header.Set("Mcp-Session-Id", c.sid)
-		if c.version != "" {
-			req.Header.Set("Mcp-Protocol-Version", c.version)
-		}
 	}
 	for k, v := range extra {
 		if v == nil {
@@ -226,52 +196,22 @@ func parseSSE(body []byte) ([]harness.SSEEvent, error) {
 }
 
 // streamEvents reads SSE events as they arrive and calls fn for each,
-// until the body ends or fn returns false. Comments are skipped; an event
-// is anything with an id, event or data field.
+// until the body ends or fn returns false. The reader is strict: the proxy
+// re-frames upstream events with LF only and the fields it knows, so
+// anything else from it is an error.
 func streamEvents(r io.Reader, fn func(harness.SSEEvent) bool) error {
-	br := bufio.NewReaderSize(r, 64<<10)
-	var cur harness.SSEEvent
-	var data []string
-	has := false
+	sr := harness.NewSSEReader(r, 64<<10)
+	sr.Strict = true
 	for {
-		line, err := br.ReadString('\n')
+		ev, err := sr.Next()
+		if err == io.EOF {
+			return nil
+		}
 		if err != nil {
-			if err == io.EOF {
-				if line != "" {
-					return fmt.Errorf("SSE body ends inside a line: %q", line)
-				}
-				if has {
-					return fmt.Errorf("SSE body ends inside an event: %+v", cur)
-				}
-				return nil
-			}
 			return err
 		}
-		line = line[:len(line)-1]
-		if strings.ContainsRune(line, '\r') {
-			return fmt.Errorf("CR in a line the proxy wrote: %q", line)
-		}
-		switch {
-		case line == "":
-			if has {
-				cur.Data = strings.Join(data, "\n")
-				if !fn(cur) {
-					return nil
-				}
-			}
-			cur, data, has = harness.SSEEvent{}, nil, false
-		case strings.HasPrefix(line, ":"):
-		case strings.HasPrefix(line, "id:"):
-			cur.ID, has = strings.TrimPrefix(strings.TrimPrefix(line, "id:"), " "), true
-		case strings.HasPrefix(line, "event:"):
-			cur.Type, has = strings.TrimPrefix(strings.TrimPrefix(line, "event:"), " "), true
-		case strings.HasPrefix(line, "data:"):
-			data = append(data, strings.TrimPrefix(strings.TrimPrefix(line, "data:"), " "))
-			has = true
-		case strings.HasPrefix(line, "retry:"):
-			has = true
-		default:
-			return fmt.Errorf("unexpected line from the proxy: %q", line)
+		if !fn(ev) {
+			return nil
 		}
 	}
 }

@@ -27,7 +27,7 @@ func TestCredentialBinding(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			upstream := harness.StartDemo(t, demoserver.Options{})
-			caddy := harness.StartCaddy(t, siteFor(upstream, tc.options))
+			caddy := harness.StartCaddy(t, harness.Site(upstream, tc.options))
 			testCredentialBinding(t, caddy, tc.header)
 		})
 	}
@@ -236,7 +236,7 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 // it back.
 func TestCredentialBindingAfterExpiry(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	caddy := harness.StartCaddy(t, siteFor(upstream, "session_idle_timeout 1s"))
+	caddy := harness.StartCaddy(t, harness.Site(upstream, "session_idle_timeout 1s"))
 	alice := newClient(caddy.Base(), "2025-03-26", cred("Authorization", "Bearer alice")).mustInit(t)
 	x := must(t)(alice.call(1, "echo", map[string]any{"text": "alice-before-expiry"}, "a"))
 	if len(x.events) != 1 {

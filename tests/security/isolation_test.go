@@ -18,7 +18,7 @@ import (
 // replays exactly A's missed events and never one of B's, and vice versa.
 func TestIsolation(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	caddy := harness.StartCaddy(t, siteFor(upstream, ""))
+	caddy := harness.StartCaddy(t, harness.Site(upstream, ""))
 
 	s1 := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
 	s2 := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)

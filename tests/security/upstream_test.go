@@ -134,7 +134,7 @@ var upstreamScenarios = map[string]struct {
 func TestMalformedUpstreamSSE(t *testing.T) {
 	srv := httptest.NewServer(&rawUpstream{})
 	t.Cleanup(srv.Close)
-	caddy := harness.StartCaddy(t, siteFor(strings.TrimPrefix(srv.URL, "http://"), `		max_event_bytes 64KiB
+	caddy := harness.StartCaddy(t, harness.Site(strings.TrimPrefix(srv.URL, "http://"), `		max_event_bytes 64KiB
 		max_stream_bytes 1MiB`))
 	bg := startBackground(t, caddy.Base(), "raw-bg", "2025-03-26", 40, 25)
 	c := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
