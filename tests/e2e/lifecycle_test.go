@@ -1,0 +1,62 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// DELETE purges the session's logs once the upstream accepted it; a late
+// resume then reaches the upstream, whose 404 tells the client to
+// re-initialize (the proxy never invents a session the upstream lost).
+func TestDeletePurgesTheSession(t *testing.T) {
+	c, _ := proxyFor(t, demoserver.Options{}, "")
+	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
+	rc.Initialize()
+	ids := startCut(t, rc, 1, 3, 1, 10)
+	if n := len(adminSessions(t, c)); n != 1 {
+		t.Fatalf("%d sessions before DELETE", n)
+	}
+	resp := rc.Request("DELETE", "", nil)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("DELETE: %d", resp.StatusCode)
+	}
+	if n := len(adminSessions(t, c)); n != 0 {
+		t.Fatalf("%d sessions after DELETE: the logs were not purged", n)
+	}
+	resp = rc.Resume(ids[0])
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("resume after DELETE: %d %s, want the upstream's 404", resp.StatusCode, body)
+	}
+}
+
+// A session with no client for session_idle_timeout expires at the proxy:
+// its detached upstream read ends with it, and a late resume gets a gap
+// with reason "expired" (the upstream still knows the session, so the proxy
+// takes it over again) instead of silence or a 400.
+func TestIdleSessionExpiresWithAGap(t *testing.T) {
+	c, _ := proxyFor(t, demoserver.Options{}, "session_idle_timeout 1s")
+	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
+	rc.Initialize()
+	ids := startCut(t, rc, 1, 100, 1, 100) // a 10 s tool, left running
+	harness.WaitFor(t, 10*time.Second, "the idle session to expire", func() bool { return len(adminSessions(t, c)) == 0 })
+	resp := rc.Resume(ids[0])
+	defer resp.Body.Close()
+	evs := harness.ReadEvents(t, resp, 2)
+	var g struct{ Reason string }
+	if evs[0].Type != "gap" || json.Unmarshal([]byte(evs[0].Data), &g) != nil || g.Reason != "expired" {
+		t.Fatalf("want a gap with reason expired, got %+v", evs)
+	}
+	if !strings.Contains(evs[1].Data, "warning") {
+		t.Fatalf("want the warning standard clients see, got %+v", evs[1])
+	}
+}
