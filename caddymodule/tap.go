@@ -100,13 +100,22 @@ func (t *tapWriter) appendEvent(ev *sse.Event) error {
 	data = sse.AppendFields(data, ev)
 	data = append(data, '\n')
 	response := false
-	if len(t.pending) > 0 && mayBeResponse(ev.Data) {
-		jsonrpc.PeekAll(ev.Data, func(m jsonrpc.Message) {
-			if m.Kind == jsonrpc.Response && t.pending[string(bytes.TrimSpace(m.ID))] {
-				delete(t.pending, string(bytes.TrimSpace(m.ID)))
+	if len(t.pending) > 0 {
+		answered := func(id []byte) {
+			if k := string(bytes.TrimSpace(id)); t.pending[k] {
+				delete(t.pending, k)
 				response = len(t.pending) == 0
 			}
-		})
+		}
+		if d := bytes.TrimLeft(ev.Data, " \t\r\n"); len(d) > 0 && d[0] == '[' {
+			jsonrpc.PeekAll(d, func(m jsonrpc.Message) { // a batch (2025-03-26)
+				if m.Kind == jsonrpc.Response {
+					answered(m.ID)
+				}
+			})
+		} else if id, ok := jsonrpc.PeekResponse(ev.Data); ok {
+			answered(id)
+		}
 	}
 	seq, err := t.stream.Append(t.ctx, data, response)
 	if c := t.logger.Check(zap.DebugLevel, "event appended"); c != nil {
@@ -114,14 +123,6 @@ func (t *tapWriter) appendEvent(ev *sse.Event) error {
 			zap.Bool("response", response), zap.Error(err))
 	}
 	return err
-}
-
-// mayBeResponse is a vectorised pre-check before Peek: a JSON-RPC response
-// has a "result" or "error" member, spelled so unless escaped. Progress
-// notifications, most of a stream, skip the scan.
-func mayBeResponse(data []byte) bool {
-	return bytes.Contains(data, []byte(`"result"`)) || bytes.Contains(data, []byte(`"error"`)) ||
-		bytes.IndexByte(data, '\\') >= 0
 }
 
 // FlushError implements the flusher that http.ResponseController looks for

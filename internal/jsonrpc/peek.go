@@ -32,7 +32,18 @@ type Message struct {
 // Peek scans the top level of one JSON object and reports its kind. It skips
 // member values without decoding them, so its cost is one pass over the bytes.
 // It does not validate JSON beyond what it needs; invalid input yields Invalid.
-func Peek(data []byte) Message {
+func Peek(data []byte) Message { return peek(data, false) }
+
+// PeekResponse reports the id of a response, stopping at the first top-level
+// method member: a message with a method is no response, and SDKs put method
+// near the front, so notifications (most of a stream) cost a few bytes, not a
+// pass over their payload. It never reports a response Peek would not.
+func PeekResponse(data []byte) (id []byte, ok bool) {
+	m := peek(data, true)
+	return m.ID, m.Kind == Response
+}
+
+func peek(data []byte, stopAtMethod bool) Message {
 	var m Message
 	s := scanner{b: data}
 	s.ws()
@@ -76,6 +87,9 @@ func Peek(data []byte) Message {
 			m.Method, hasMethod = nil, false
 			if len(val) > 0 && val[0] == '"' {
 				m.Method, hasMethod = val, true
+				if stopAtMethod {
+					return Message{Kind: Notification, Method: val}
+				}
 			}
 		case "result":
 			hasResult = true

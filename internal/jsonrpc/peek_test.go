@@ -226,3 +226,42 @@ func FuzzPeek(f *testing.F) {
 		_, _, _ = ParseBody(data)
 	})
 }
+
+func TestPeekResponse(t *testing.T) {
+	for _, tc := range []struct {
+		data string
+		id   string
+		ok   bool
+	}{
+		{`{"jsonrpc":"2.0","id":1,"result":{}}`, "1", true},
+		{`{"jsonrpc":"2.0","id":"a","error":{"code":1,"message":"x"}}`, `"a"`, true},
+		{`{"jsonrpc":"2.0","\u0069d":7,"\u0072esult":{}}`, "7", true},
+		{`{"jsonrpc":"2.0","method":"notifications/progress","params":{"result":1}}`, "", false},
+		{`{"jsonrpc":"2.0","id":3,"method":"sampling/createMessage","params":{}}`, "", false},
+		{`{"jsonrpc":"2.0","method":"x"` + strings.Repeat(" ", 10) + `,"params":` /* truncated: stops before */, "", false},
+		{`[{"jsonrpc":"2.0","id":1,"result":{}}]`, "", false}, // batches go through PeekAll
+	} {
+		id, ok := PeekResponse([]byte(tc.data))
+		if ok != tc.ok || string(id) != tc.id {
+			t.Errorf("%s: (%q, %v), want (%q, %v)", tc.data, id, ok, tc.id, tc.ok)
+		}
+	}
+}
+
+// FuzzPeekResponse checks PeekResponse never reports a response that the
+// full Peek does not, with the same id.
+func FuzzPeekResponse(f *testing.F) {
+	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{}}`))
+	f.Add([]byte(`{"method":"x","method":null,"result":1,"id":1}`))
+	f.Add([]byte(`{"id":1,"result":{},"id":2}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		id, ok := PeekResponse(data)
+		if !ok {
+			return
+		}
+		m := Peek(data)
+		if m.Kind != Response || string(m.ID) != string(id) {
+			t.Fatalf("PeekResponse says response %q, Peek says %v %q", id, m.Kind, m.ID)
+		}
+	})
+}
