@@ -396,17 +396,18 @@ func (b *bench) memory(ctx context.Context, s setup, n int) (memResult, error) {
 		if err != nil {
 			return r, err
 		}
-		if b.up.active.Load() == 0 && m["caddy_mcp_resume_upstream_reads"] == 0 {
+		// A scrape reads the counters before the gauges, so a stream that
+		// finished in between shows no upstream read yet not all its events:
+		// wait for the count, not just for the reads to end.
+		events := m["caddy_mcp_resume_events_enqueued_total"] - before["caddy_mcp_resume_events_enqueued_total"]
+		want := int64(n) * int64(k+1)
+		if b.up.active.Load() == 0 && m["caddy_mcp_resume_upstream_reads"] == 0 && int64(events) == want {
 			r.retainedBytes = int64(m["caddy_mcp_resume_retained_bytes"] - before["caddy_mcp_resume_retained_bytes"])
-			events := m["caddy_mcp_resume_events_enqueued_total"] - before["caddy_mcp_resume_events_enqueued_total"]
 			r.retainedPayload = r.retainedBytes - int64(events)*64
-			if want := int64(n) * int64(k+1); int64(events) != want {
-				return r, fmt.Errorf("memory: %v events enqueued, want %d", events, want)
-			}
 			break
 		}
 		if time.Now().After(deadline) {
-			return r, errors.New("memory: timed out waiting for the upstream responses")
+			return r, fmt.Errorf("memory: timed out waiting for the upstream responses: %v events enqueued, want %d", events, want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -128,7 +128,7 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&out, "- Go %s, Caddy %s, module %s\n", runtime.Version(), caddyV, modV)
 	fmt.Fprintf(&out, "- One process, loopback only: a minimal MCP upstream (net/http, flushes %s), one Caddy with two sites on it, raw Streamable HTTP clients (protocol %s).\n",
 		map[bool]string{true: "after every event", false: "when its buffer fills"}[r.cfg.flushEach], protocolVersion)
-	fmt.Fprintf(&out, "- mcp_resume options: `%s`. A stream sustains at most max_stream_bytes per resume_window (in practice per resume_window + the 500 ms sweep interval: ~2 GB/s here), so backpressure does not throttle the benchmark", strings.Join(moduleOptions, "; "))
+	fmt.Fprintf(&out, "- mcp_resume options: `%s`. A stream sustains at most max_stream_bytes per resume_window (3 GiB/s here), so backpressure does not throttle the benchmark", strings.Join(moduleOptions, "; "))
 	if r.metricsAfter != nil {
 		d := func(k string) float64 { return r.metricsAfter[k] - r.metricsBefore[k] }
 		fmt.Fprintf(&out, ": %.0f backpressure stalls, %.0f events evicted before ack, %.0f events through the logs during the run",
