@@ -107,12 +107,12 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 	} else {
 		h.logger.Debug("resume", logFields...)
 	}
-	replayUpTo := stream.View().Head
-	if stream.Kind() == policy.StandaloneStream && stream.ClaimProducer() {
+	v := stream.View()
+	if stream.Kind() == policy.StandaloneStream && v.State == policy.Live && stream.ClaimProducer() {
 		// No upstream GET feeds the standalone stream: this request opens one.
 		return h.produceStandalone(w, r, next, sess, stream, rd, pre)
 	}
-	return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
+	return h.relayTo(w, r, sess, stream, rd, pre, v.Head)
 }
 
 // reject answers a request or resume the proxy refuses, with a JSON-RPC
