@@ -95,7 +95,7 @@ func nodeReady(t *testing.T) {
 	setupOnce.Do(func() {
 		for _, tool := range []string{"node", "npm"} {
 			if _, err := exec.LookPath(tool); err != nil {
-				setupSkip = fmt.Sprintf("requires %s: not found on PATH", tool)
+				setupSkip = tool + " not found on PATH"
 				return
 			}
 		}
@@ -112,7 +112,7 @@ func nodeReady(t *testing.T) {
 		}
 	})
 	if setupSkip != "" {
-		t.Skip(setupSkip)
+		t.Skipf("requires Node.js and npm (%s)", setupSkip)
 	}
 	if setupErr != nil {
 		t.Fatal(setupErr)
