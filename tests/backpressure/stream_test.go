@@ -63,6 +63,47 @@ func waitStalled(t *testing.T, c *harness.Caddy, fc *floodCall, cond func(buffer
 	return maxRetained
 }
 
+// startFlood runs the flood upstream (with a small send buffer) behind a
+// Caddy whose stream bound is 256 KiB, starts a call of n events and reads
+// the first 8 progress events, as both stream tests begin.
+func startFlood(t *testing.T, eventSize, n, upstreamSndbuf int, resumeWindow string) (
+	upPort int, c *harness.Caddy, cl *client, s *sseStream, tr *tracker, fc *floodCall) {
+	t.Helper()
+	f := newFlood(eventSize)
+	up := harness.StartUpstreamSmallBuffers(t, f, upstreamSndbuf)
+	upPort = portOf(t, up)
+	c = harness.StartCaddy(t, harness.Site(up, `
+			max_stream_bytes 256KiB
+			max_session_bytes 1MiB
+			max_total_bytes 8MiB
+			max_event_bytes 64KiB
+			resume_window `+resumeWindow+`
+			stall_timeout 60s`))
+	cl = newClient(c.Base(), "2025-06-18", 0)
+	if err := cl.initialize(); err != nil {
+		cl.close()
+		t.Fatal(err)
+	}
+	s, err := cl.call(1, "flood", map[string]any{"n": n}, 15*time.Second)
+	if err != nil {
+		cl.close()
+		t.Fatal(err)
+	}
+	tr = &tracker{}
+	for tr.progress < 8 {
+		ev, err := s.next()
+		if err != nil {
+			cl.close()
+			t.Fatalf("reading the first events: %v", err)
+		}
+		if err := tr.take(ev, 1); err != nil {
+			cl.close()
+			t.Fatal(err)
+		}
+	}
+	return upPort, c, cl, s, tr, f.call(t, cl.sid)
+}
+
 // A client that stops reading a tool call's stream stops the upstream: the
 // proxy keeps at most max_stream_bytes of the stream, and TCP flow control
 // does the rest. The upstream (plain net/http, flushing ~1 KiB progress
@@ -94,36 +135,8 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 		// (32 KiB), the SSE parser's partial event (< max_event_bytes).
 		userspaceSlack = 4<<10 + 32<<10 + maxEvent
 	)
-	f := newFlood(eventSize)
-	up := harness.StartUpstreamSmallBuffers(t, f, upstreamSndbuf)
-	upPort := portOf(t, up)
-	c := harness.StartCaddy(t, harness.Site(up, `
-			max_stream_bytes 256KiB
-			max_session_bytes 1MiB
-			max_total_bytes 8MiB
-			max_event_bytes 64KiB
-			resume_window 20s
-			stall_timeout 60s`))
-	cl := newClient(c.Base(), "2025-06-18", 0)
+	upPort, c, cl, s, tr, fc := startFlood(t, eventSize, n, upstreamSndbuf, "20s")
 	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := cl.call(1, "flood", map[string]any{"n": n}, 15*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := &tracker{}
-	for tr.progress < 8 {
-		ev, err := s.next()
-		if err != nil {
-			t.Fatalf("reading the first events: %v", err)
-		}
-		if err := tr.take(ev, 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fc := f.call(t, cl.sid)
 
 	// The client stops reading; its connection stays open.
 	maxRetained := waitStalled(t, c, fc, nil)
@@ -228,36 +241,8 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 		upstreamSndbuf = 32 << 10
 		userspaceSlack = 4<<10 + 32<<10 + maxEvent
 	)
-	f := newFlood(eventSize)
-	up := harness.StartUpstreamSmallBuffers(t, f, upstreamSndbuf)
-	upPort := portOf(t, up)
-	c := harness.StartCaddy(t, harness.Site(up, `
-			max_stream_bytes 256KiB
-			max_session_bytes 1MiB
-			max_total_bytes 8MiB
-			max_event_bytes 64KiB
-			resume_window 1s
-			stall_timeout 60s`))
-	cl := newClient(c.Base(), "2025-06-18", 0)
+	upPort, c, cl, s, tr, fc := startFlood(t, eventSize, n, upstreamSndbuf, "1s")
 	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := cl.call(1, "flood", map[string]any{"n": n}, 15*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := &tracker{}
-	for tr.progress < 8 {
-		ev, err := s.next()
-		if err != nil {
-			t.Fatalf("reading the first events: %v", err)
-		}
-		if err := tr.take(ev, 1); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fc := f.call(t, cl.sid)
 	readSeq := tr.lastSeq
 
 	// Wait until what went into the client's socket was evicted (the floor
