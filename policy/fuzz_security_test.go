@@ -6,81 +6,105 @@ import (
 	"testing"
 )
 
-// FuzzDecideResume feeds DecideResume arbitrary observations and checks the
-// security invariants of design.md §5 on every answer:
+// FuzzDecideResume feeds Authorize and DecideResume arbitrary observations
+// and checks the security and liveness invariants of the decision table on
+// every answer:
 //
 //   - it never panics, and every kind has a name (metrics label);
-//   - nothing is replayed or followed (Noop, Replay, Gap) unless the request
-//     names a session the proxy holds, the credentials match, and the cursor
-//     is a valid ID of that session's epoch naming one of its streams;
+//   - nothing is replayed or followed (Noop, Replay, Gap from a log) unless
+//     the request names a session the proxy holds, passes Authorize, and the
+//     cursor is an ID the proxy minted for that session naming one of its
+//     streams;
 //   - Replay starts at the cursor's successor, inside the retained window
 //     (From >= Floor, From <= Head): never below the floor, never from head;
-//   - Gap happens only when seq+1 < Floor, and moves the client to the floor;
-//   - Reject answers only 400 or 403, with a detail for the error body;
-//   - credentials that differ from a held (or tombstoned) session's are 403.
+//   - a gap on a held stream happens only when seq+1 < Floor, and moves the
+//     client to the floor;
+//   - an error goes only to a request whose answer the client cannot get;
+//   - Reject answers only 400 (403 is Authorize's), with a detail;
+//   - a cursor the proxy did not mint never adopts a session.
 //
-// Inputs are bounded by what a real log can present: Head < MaxUint64 (it
-// counts appended events), Floor <= Head+1 (Head+1 when nothing is
-// retained), ResponseSeq <= Head.
+// Inputs are bounded by what a real log can present: Head < 2^63 (it
+// counts appended events; below 2^63 here), Floor <= Head+1 (Head+1 when nothing is
+// retained), answers <= Head.
 func FuzzDecideResume(f *testing.F) {
 	type seed struct {
-		hdr, known, credOK, tomb bool
-		tombReason               string
-		sessEpoch                string
-		valid                    bool
-		curEpoch                 string
-		curStream                uint32
-		curSeq                   uint64
-		hasStream                bool
-		kind, state              uint8
-		floor, head, resp        uint64
+		hdr, known, remembered, credOK bool
+		sessEpoch                      string
+		nextStream                     uint32
+		valid, minted                  bool
+		curEpoch                       string
+		curStream                      uint32
+		curSeq                         uint64
+		hasStream                      bool
+		kind, state                    uint8
+		floor, head, answered          uint64
+		pastReason                     string
+		hasPastStream                  bool
 	}
 	const e = "k3j9x2qa"
 	for _, s := range []seed{
-		{true, true, true, false, "", e, true, e, 3, 7, true, 0, 0, 5, 10, 0},          // replay
-		{true, true, true, false, "", e, true, e, 3, 10, true, 0, 0, 5, 10, 0},         // noop at head
-		{true, true, true, false, "", e, true, e, 3, 2, true, 0, 1, 5, 10, 8},          // gap, response retained
-		{true, true, true, false, "", e, true, e, 3, 2, true, 0, 2, 5, 10, 3},          // gap, response lost
-		{true, true, true, false, "", e, true, e, 1, 0, true, 1, 0, 4, 9, 0},           // gap, standalone
-		{true, true, true, false, "", e, true, e, 3, 11, true, 0, 0, 5, 10, 0},         // ahead of head
-		{true, true, false, false, "", e, true, e, 3, 7, true, 0, 0, 5, 10, 0},         // credentials differ
-		{true, true, true, false, "", e, true, "aaaaaaaa", 3, 7, true, 0, 0, 5, 10, 0}, // foreign epoch
-		{true, true, true, false, "", e, true, e, 9, 1, false, 0, 0, 0, 0, 0},          // no such stream
-		{true, true, true, false, "", e, false, "", 0, 0, true, 0, 0, 5, 10, 0},        // malformed
-		{true, false, false, true, "expired", "", true, e, 3, 7, false, 0, 0, 0, 0, 0}, // tombstone, other creds
-		{true, false, true, true, "deleted", "", true, e, 3, 7, false, 0, 0, 0, 0, 0},  // tombstone adopt
-		{true, false, false, false, "", "", true, e, 3, 7, false, 0, 0, 0, 0, 0},       // proxy restarted
-		{false, true, true, false, "", e, true, e, 3, 7, true, 0, 0, 5, 10, 0},         // no session header
-		{true, true, true, false, "", e, true, e, 3, math.MaxUint64 - 1, true, 0, 0, 1, math.MaxUint64 - 1, 0},
-		{true, true, true, false, "", e, true, e, 3, 0, true, 0, 1, math.MaxUint64 - 1, math.MaxUint64 - 2, 0},
-		{true, true, true, false, "", "", true, "", 0, 0, true, 200, 200, 0, 0, 0}, // empty epochs, odd enums
+		{true, true, false, true, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},            // replay
+		{true, true, false, true, e, 5, true, true, e, 3, 10, true, 0, 0, 5, 10, 0, "", false},           // noop at head
+		{true, true, false, true, e, 5, true, true, e, 3, 10, true, 0, 1, 5, 10, 10, "", false},          // ended
+		{true, true, false, true, e, 5, true, true, e, 3, 2, true, 0, 1, 5, 10, 8, "", false},            // gap, response retained
+		{true, true, false, true, e, 5, true, true, e, 3, 2, true, 0, 2, 5, 10, 3, "", false},            // gap, response lost
+		{true, true, false, true, e, 5, true, true, e, 0, 0, true, 1, 0, 4, 9, 0, "", false},             // gap, standalone
+		{true, true, false, true, e, 5, true, true, e, 3, 11, true, 0, 0, 5, 10, 0, "", false},           // ahead of head
+		{true, true, false, false, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},           // credentials differ
+		{true, true, false, true, e, 5, true, false, "aaaaaaaa", 3, 7, true, 0, 0, 5, 10, 0, "", false},  // foreign epoch
+		{true, true, false, true, e, 5, true, true, "vq2xa7ab", 3, 7, false, 0, 0, 0, 0, 0, "purged", true}, // earlier epoch
+		{true, true, false, true, e, 5, true, true, e, 2, 1, false, 0, 0, 0, 0, 0, "", false},            // retired stream
+		{true, true, false, true, e, 5, true, true, e, 9, 1, false, 0, 0, 0, 0, 0, "", false},            // no such stream
+		{true, true, false, true, e, 5, false, false, "", 0, 0, true, 0, 0, 5, 10, 0, "", false},         // malformed
+		{true, false, true, false, "", 0, true, true, e, 0, 7, false, 0, 0, 0, 0, 0, "expired", false},   // tombstone, other creds
+		{true, false, true, true, "", 0, true, true, e, 0, 7, false, 0, 0, 0, 0, 0, "deleted", false},    // tombstone adopt
+		{true, false, true, true, "", 0, true, true, e, 3, 7, false, 0, 0, 0, 9, 8, "purged", true},      // tombstone, request stream
+		{true, false, false, true, "", 0, true, true, e, 3, 7, false, 0, 0, 0, 0, 0, "", false},          // proxy restarted: hold
+		{true, false, false, true, "", 0, true, false, e, 0, 7, false, 0, 0, 0, 0, 0, "", false},         // made-up epoch: pass through
+		{false, true, false, true, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},           // no session header
+		{true, true, false, true, e, 5, true, true, e, 3, math.MaxUint64 - 1, true, 0, 0, 1, math.MaxUint64 - 1, 0, "", false},
+		{true, true, false, true, e, 5, true, true, e, 3, 0, true, 0, 1, math.MaxUint64 - 1, math.MaxUint64 - 2, 0, "", false},
+		{true, true, false, true, "", 0, true, true, "", 0, 0, true, 200, 200, 0, 0, 0, "", false}, // empty epochs, odd enums
 	} {
-		f.Add(s.hdr, s.known, s.credOK, s.tomb, s.tombReason, s.sessEpoch, s.valid, s.curEpoch, s.curStream, s.curSeq,
-			s.hasStream, s.kind, s.state, s.floor, s.head, s.resp)
+		f.Add(s.hdr, s.known, s.remembered, s.credOK, s.sessEpoch, s.nextStream, s.valid, s.minted, s.curEpoch, s.curStream,
+			s.curSeq, s.hasStream, s.kind, s.state, s.floor, s.head, s.answered, s.pastReason, s.hasPastStream)
 	}
-	f.Fuzz(func(t *testing.T, hdr, known, credOK, tomb bool, tombReason, sessEpoch string, valid bool, curEpoch string,
-		curStream uint32, curSeq uint64, hasStream bool, kind, state uint8, floor, head, resp uint64) {
-		if head == math.MaxUint64 {
-			head--
+	f.Fuzz(func(t *testing.T, hdr, known, remembered, credOK bool, sessEpoch string, nextStream uint32, valid, minted bool,
+		curEpoch string, curStream uint32, curSeq uint64, hasStream bool, kind, state uint8, floor, head, answered uint64,
+		pastReason string, hasPastStream bool) {
+		if head >= math.MaxInt64 {
+			head = math.MaxInt64 - 1 // a log counts its events; Lost is an int64
 		}
 		if floor > head+1 {
 			floor = head + 1
 		}
-		if resp > head {
-			resp = head
+		if answered > head {
+			answered = head
 		}
-		if tombReason == "" {
-			tombReason = string(ReasonExpired) // a tombstone always records why
-		}
+		access := Access{Named: hdr, Remembered: known || remembered, CredentialsMatch: credOK}
 		in := ResumeInput{
 			SessionHeader: hdr,
-			Session: SessionView{Known: known, Epoch: sessEpoch, CredentialOK: credOK,
-				Tombstoned: tomb && !known, TombReason: Reason(tombReason)},
-			Cursor: Cursor{Valid: valid, Epoch: curEpoch, Stream: curStream, Seq: curSeq},
+			Session:       SessionView{Known: known, Epoch: sessEpoch, NextStream: nextStream},
+			Cursor:        Cursor{Valid: valid, Minted: valid && minted, Epoch: curEpoch, Stream: curStream, Seq: curSeq},
 		}
 		if hasStream {
-			in.Stream = &StreamView{Kind: StreamKind(kind % 2), State: StreamState(state % 3),
-				Floor: floor, Head: head, ResponseSeq: resp}
+			in.Stream = &StreamView{Kind: RequestStream, State: StreamState(state % 3),
+				Floor: floor, Head: head, Requests: []RequestView{{ID: "1", AnsweredAt: answered}}}
+			if curStream == StandaloneNum { // the standalone stream is one log for the session's life
+				in.Stream = &StreamView{Kind: StandaloneStream, Floor: floor, Head: head}
+			}
+		}
+		if pastReason != "" {
+			in.Past = &PastView{Reason: Reason(pastReason)}
+			if hasPastStream {
+				in.Past.Stream = &StreamView{Head: head, Requests: []RequestView{{ID: "1", AnsweredAt: answered}}}
+			}
+		}
+		if !Authorize(access) {
+			if !hdr || !access.Remembered || credOK {
+				t.Fatalf("Authorize refused %+v", access)
+			}
+			return // 403: DecideResume is never asked
 		}
 		d := DecideResume(in)
 		checkResumeInvariants(t, in, d)
@@ -89,7 +113,7 @@ func FuzzDecideResume(f *testing.F) {
 
 func checkResumeInvariants(t *testing.T, in ResumeInput, d Resume) {
 	t.Helper()
-	if d.Kind > Adopt {
+	if d.Kind > Ended {
 		t.Fatalf("unknown kind %d for %+v", d.Kind, in)
 	}
 	_ = d.Kind.String() // must not panic: it labels a metric
@@ -98,53 +122,49 @@ func checkResumeInvariants(t *testing.T, in ResumeInput, d Resume) {
 	if !in.SessionHeader && d.Kind != PassThrough {
 		fail("without Mcp-Session-Id the request must pass through")
 	}
+	c, st := in.Cursor, in.Stream
 	switch d.Kind {
 	case Reject:
-		if d.Status != http.StatusBadRequest && d.Status != http.StatusForbidden {
-			fail("reject status must be 400 or 403")
-		}
-		if d.Detail == "" {
-			fail("reject without a detail for the error body")
+		if d.Status != http.StatusBadRequest || d.Detail == "" {
+			fail("reject must be 400 with a detail for the error body")
 		}
 	case Adopt:
-		if in.Session.Known || !in.Cursor.Valid {
-			fail("adopt needs an unknown session and a cursor in the proxy's format")
+		if in.Session.Known || !c.Minted || c.Stream != StandaloneNum || d.Reason == "" {
+			fail("adopt needs an unknown session, a cursor minted for it on the standalone stream, and a reason")
 		}
-		if in.Session.Tombstoned && !in.Session.CredentialOK {
-			fail("adopted a tombstoned session with other credentials")
-		}
-		if d.Reason == "" {
-			fail("adopt without a reason for the gap")
-		}
-	case Noop, Replay, Gap:
+	case Noop, Replay:
 		switch {
-		case !in.Session.Known:
-			fail("followed a session the proxy does not hold")
-		case !in.Session.CredentialOK:
-			fail("followed a stream with other credentials")
-		case !in.Cursor.Valid:
-			fail("followed an invalid cursor")
-		case in.Cursor.Epoch != in.Session.Epoch:
-			fail("followed a cursor of another epoch")
-		case in.Stream == nil:
+		case !in.Session.Known || !c.Minted || c.Epoch != in.Session.Epoch:
+			fail("followed a cursor that is not of the held session's epoch")
+		case st == nil:
 			fail("followed a stream the session does not have")
 		}
+	case Gap:
+		if !c.Minted {
+			fail("a gap for a cursor the proxy did not mint")
+		}
+		if d.Reason == "" {
+			fail("gap without a reason")
+		}
+	case PassThrough:
+		if in.SessionHeader && in.Session.Known {
+			fail("a held session's resume passed through")
+		}
+		if in.SessionHeader && c.Minted && (in.Past == nil || in.Past.Reason != ReasonDeleted) {
+			fail("a cursor the proxy minted passed through, though its session was not deleted")
+		}
 	}
-	// Credentials that differ from a held session's are always 403, whatever
-	// else is wrong; likewise for a tombstoned session with our ID.
-	if in.SessionHeader && in.Session.Known && !in.Session.CredentialOK &&
-		(d.Kind != Reject || d.Status != http.StatusForbidden) {
-		fail("credential mismatch on a held session must be 403")
+	if !c.Minted || c.Epoch != in.Session.Epoch || !in.Session.Known || st == nil {
+		return
 	}
-	if in.SessionHeader && !in.Session.Known && in.Session.Tombstoned && !in.Session.CredentialOK && in.Cursor.Valid &&
-		(d.Kind != Reject || d.Status != http.StatusForbidden) {
-		fail("credential mismatch on a tombstoned session must be 403")
-	}
-	st, c := in.Stream, in.Cursor
 	switch d.Kind {
 	case Noop:
-		if c.Seq != st.Head || d.From != c.Seq+1 {
-			fail("noop only at head, continuing after it")
+		if c.Seq != st.Head || d.From != c.Seq+1 || st.State != Live {
+			fail("noop only at the head of a live stream, continuing after it")
+		}
+	case Ended:
+		if c.Seq != st.Head || st.State == Live {
+			fail("ended only at the head of an ended stream")
 		}
 	case Replay:
 		if d.From != c.Seq+1 || d.From < st.Floor || d.From > st.Head {
@@ -154,24 +174,22 @@ func checkResumeInvariants(t *testing.T, in ResumeInput, d Resume) {
 		if c.Seq+1 >= st.Floor {
 			fail("gap although the cursor's successor is retained")
 		}
-		if d.From != st.Floor || d.Lost != st.Floor-1-c.Seq || d.Reason == "" {
+		if d.From != st.Floor || d.Lost != int64(st.Floor-1-c.Seq) {
 			fail("gap must move the client to the floor and count what was lost")
 		}
-		if st.Kind == StandaloneStream && d.Then != ThenLive {
-			fail("a standalone stream's gap must continue live")
+		for _, id := range d.LostIDs {
+			for _, r := range st.Requests {
+				if r.ID == id && (r.AnsweredAt == 0 || r.AnsweredAt >= st.Floor || r.AnsweredAt <= c.Seq) {
+					fail("an error for a request whose answer is retained, still to come, or already with the client")
+				}
+			}
 		}
-		if st.Kind == RequestStream && d.Then == ThenLive {
-			fail("a request stream's gap must replay or answer the pending requests")
-		}
-		if d.Then == ThenReplay && st.ResponseSeq != 0 && st.ResponseSeq < st.Floor {
-			fail("gap replays although the final response is evicted")
+		if st.Kind == StandaloneStream && (d.Then != ThenReplay || len(d.LostIDs) > 0) {
+			fail("a standalone stream's gap must continue")
 		}
 	}
-	// A valid cursor of the session's own epoch on a held session with the
-	// right credentials is never rejected unless it names no stream or is
-	// ahead of head.
-	if in.SessionHeader && in.Session.Known && in.Session.CredentialOK && c.Valid && c.Epoch == in.Session.Epoch &&
-		st != nil && c.Seq <= st.Head && d.Kind == Reject {
+	// A cursor inside a held stream is never rejected.
+	if c.Seq <= st.Head && d.Kind == Reject {
 		fail("a cursor inside the stream was rejected")
 	}
 }

@@ -1,7 +1,9 @@
-// Package policy holds mcp-resume's decisions as pure functions: whether an
-// event may be appended, how a resume is answered, whether an event may be
-// evicted. No I/O, no clocks, no locks: callers pass in what they observed,
-// and each rule of the design lives here exactly once.
+// Package policy holds mcp-resume's rules as pure functions: whether a
+// session or stream may be created, whether an event may be appended, how a
+// resume is answered, whether an event may be evicted. No I/O, no clocks, no
+// locks: callers pass in what they observed. Each rule lives here once;
+// package buffer keeps the state and asks, package caddymodule speaks HTTP and
+// asks.
 package policy
 
 import "time"
@@ -15,18 +17,23 @@ const (
 	ReasonExpired        Reason = "expired"         // the session expired at the proxy
 	ReasonStalled        Reason = "stalled"         // the log stayed full past stall_timeout
 	ReasonProxyRestarted Reason = "proxy_restarted" // the proxy no longer knows the session
-	ReasonUpstreamFailed Reason = "upstream_failed" // the upstream response broke off
+	ReasonUpstreamFailed Reason = "upstream_failed" // the upstream response broke off or refused to go on
+	ReasonUpstreamClosed Reason = "upstream_closed" // the upstream ended the stream early and gave no way to resume it
 	ReasonTooLarge       Reason = "too_large"       // an upstream event exceeded max_event_bytes
 	ReasonDeleted        Reason = "deleted"         // the session was deleted (DELETE, or the upstream's 404)
 	ReasonPurged         Reason = "purged"          // an operator purged the session through the admin API
 )
+
+// Reasons lists every reason, for metrics that expose them all.
+var Reasons = []Reason{ReasonEvicted, ReasonExpired, ReasonStalled, ReasonProxyRestarted,
+	ReasonUpstreamFailed, ReasonUpstreamClosed, ReasonTooLarge, ReasonDeleted, ReasonPurged}
 
 // StreamState is the lifecycle of one retention log.
 type StreamState uint8
 
 const (
 	Live     StreamState = iota // the upstream response is (or may be) still producing
-	Complete                    // the upstream ended normally
+	Complete                    // every request the stream answers got its response
 	Failed                      // the stream ended abnormally; see its Reason
 )
 
@@ -39,22 +46,101 @@ type StreamKind uint8
 
 const (
 	RequestStream    StreamKind = iota // the SSE response to one POST
-	StandaloneStream                   // the session's GET stream
+	StandaloneStream                   // the session's GET stream: one log for the session's life
 )
 
 func (k StreamKind) String() string {
 	return [...]string{"request", "standalone"}[k]
 }
 
+// ---- access --------------------------------------------------------------
+
+// Access is what the proxy knows of the session a request names.
+type Access struct {
+	Named            bool // the request carries Mcp-Session-Id
+	Remembered       bool // the proxy holds that session, or remembers it ended here
+	CredentialsMatch bool // the request's bind_headers values are the session's
+}
+
+// Authorize decides whether a request may go on: one naming a session the
+// proxy holds or remembers must carry that session's credentials, whatever
+// its method, version, content type or body, so no path around the binding
+// exists. Anything else is the upstream's to judge. Refused requests get 403.
+func Authorize(a Access) bool {
+	return !a.Named || !a.Remembered || a.CredentialsMatch
+}
+
+// ---- admission -------------------------------------------------------------
+
+// SessionOrigin is how the proxy came to hold a session.
+type SessionOrigin uint8
+
+const (
+	// Initialized: the proxy saw the initialize exchange.
+	Initialized SessionOrigin = iota
+	// Resumed: adopted on a resume whose Last-Event-ID carries an epoch the
+	// proxy minted for that session ID (after a restart, expiry or purge).
+	Resumed
+	// Adopted: adopted on a POST for a session the proxy did not hold. Nothing
+	// proves the proxy ever knew it (a stateless upstream accepts any ID), so
+	// such sessions have their own small share and never crowd out the others.
+	Adopted
+	// Untapped: a session whose protocol version has no resumable streams
+	// (2026-07-28, or unknown). It is remembered only so its traffic is never
+	// tapped; it holds nothing and has a share of its own.
+	Untapped
+)
+
+func (o SessionOrigin) String() string {
+	return [...]string{"initialized", "resumed", "adopted", "untapped"}[o]
+}
+
+// AdoptedFraction of max_sessions may be sessions adopted on a POST alone.
+const AdoptedFraction = 4 // 1/4
+
+// SessionCounts is what session admission needs to know.
+type SessionCounts struct {
+	Sessions    int // held sessions that are Initialized or Resumed
+	Adopted     int // held sessions that are Adopted
+	Untapped    int // held sessions that are Untapped
+	MaxSessions int
+}
+
+// AdmitSession decides whether a session of the given origin may be created.
+// Initialized and Resumed sessions share max_sessions; Adopted ones have
+// max_sessions/4 of their own, so requests naming made-up session IDs can
+// neither lock initialize out nor take more than that; Untapped ones, which
+// hold nothing, have max_sessions of their own.
+func AdmitSession(o SessionOrigin, c SessionCounts) bool {
+	switch {
+	case c.MaxSessions <= 0:
+		return true
+	case o == Adopted:
+		return c.Adopted < max(c.MaxSessions/AdoptedFraction, 1)
+	case o == Untapped:
+		return c.Untapped < c.MaxSessions
+	}
+	return c.Sessions < c.MaxSessions
+}
+
+// AdmitStream decides whether a session with live request streams (calls
+// running now) may start another. The standalone stream is not counted.
+func AdmitStream(live, maxStreams int) bool {
+	return maxStreams <= 0 || live < maxStreams
+}
+
 // ---- enqueue -------------------------------------------------------------
 
 // Budget is the byte accounting an appender sees at one instant. Max values
-// are the configured bounds; Sessions counts the sessions holding bytes.
+// are the configured bounds.
 type Budget struct {
 	StreamBytes, StreamMax   int64
 	SessionBytes, SessionMax int64
 	TotalBytes, TotalMax     int64
-	Sessions                 int
+	// Attached: a client reads the stream now. Only such streams may use the
+	// reserve (the last 1/ReserveFraction of TotalMax), so streams whose
+	// clients left can never take the room clients that are there need.
+	Attached bool
 }
 
 // AppendAction is the enqueue decision.
@@ -63,25 +149,28 @@ type AppendAction uint8
 const (
 	Append       AppendAction = iota // there is room: take the bytes
 	Block                            // wait for room: stop reading the upstream
-	FailStalled                      // waited past the stall timeout
+	FailStalled                      // waited past the stall timeout without the client making progress
 	FailTooLarge                     // can never fit, however long we wait
 )
 
-// ReserveFraction of the total budget is kept for sessions below their fair
-// share, so sessions that stall at their own bound cannot starve the others.
+// ReserveFraction of the total budget is kept for streams a client is reading.
 const ReserveFraction = 4 // 1/4 of max_total_bytes
 
 // DecideAppend decides whether size more bytes may enter a log now. An event
-// that does not fit blocks (backpressure) until stallTimeout has passed, then
-// fails; nothing is ever evicted to make room.
-func DecideAppend(b Budget, size int64, stalledFor, stallTimeout time.Duration) AppendAction {
+// that does not fit blocks (backpressure); it fails only once its stream has
+// been stalled for stallTimeout. Stalled counts the time the append has waited
+// while its client made no progress: the caller keeps it at zero while the
+// client has everything retained (a reader at full speed waiting for the
+// resume window to release room is being slowed down, not stalled). Nothing is
+// ever evicted to make room.
+func DecideAppend(b Budget, size int64, stalled, stallTimeout time.Duration) AppendAction {
 	if size > b.StreamMax || size > b.SessionMax || size > b.TotalMax {
 		return FailTooLarge
 	}
 	if fits(b, size) {
 		return Append
 	}
-	if stalledFor >= stallTimeout {
+	if stalled >= stallTimeout {
 		return FailStalled
 	}
 	return Block
@@ -91,15 +180,11 @@ func fits(b Budget, size int64) bool {
 	if b.StreamBytes+size > b.StreamMax || b.SessionBytes+size > b.SessionMax {
 		return false
 	}
-	total := b.TotalBytes + size
-	if total > b.TotalMax {
-		return false
+	limit := b.TotalMax
+	if !b.Attached {
+		limit -= b.TotalMax / ReserveFraction
 	}
-	sessions := int64(max(b.Sessions, 1))
-	if b.SessionBytes+size <= b.TotalMax/sessions {
-		return true // within its fair share: may use the reserve too
-	}
-	return total <= b.TotalMax-b.TotalMax/ReserveFraction
+	return b.TotalBytes+size <= limit
 }
 
 // ---- eviction -----------------------------------------------------------
@@ -109,15 +194,20 @@ type EventView struct {
 	Seq            uint64
 	Acked          uint64    // the stream's acknowledged position
 	DeliveredAt    time.Time // when written and flushed to a client; zero if not (or no longer) delivered
+	ReaderNext     uint64    // the next seq the attached reader will read; 0 if none is attached
 	SessionDeleted bool
 }
 
-// Evictable reports whether an event may leave its log: it was acknowledged,
-// or its session is gone, or it was delivered at least window ago (no resume
-// can still need it). Nothing else evicts.
+// Evictable reports whether an event may leave its log: its session is gone,
+// or no attached reader still has to read it and it was acknowledged or
+// delivered at least window ago. Nothing else evicts.
 func Evictable(e EventView, now time.Time, window time.Duration) bool {
 	switch {
-	case e.SessionDeleted, e.Seq <= e.Acked:
+	case e.SessionDeleted:
+		return true
+	case e.ReaderNext != 0 && e.Seq >= e.ReaderNext:
+		return false // a connected client is about to read it
+	case e.Seq <= e.Acked:
 		return true
 	case e.DeliveredAt.IsZero():
 		return false

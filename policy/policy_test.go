@@ -12,7 +12,7 @@ func TestDecideAppend(t *testing.T) {
 		StreamBytes: 0, StreamMax: 1000,
 		SessionBytes: 0, SessionMax: 2000,
 		TotalBytes: 0, TotalMax: 4000,
-		Sessions: 1,
+		Attached: true,
 	}
 	with := func(f func(*Budget)) Budget {
 		b := roomy
@@ -30,7 +30,7 @@ func TestDecideAppend(t *testing.T) {
 		{"append exactly filling the stream", with(func(b *Budget) { b.StreamBytes = 900; b.SessionBytes = 900; b.TotalBytes = 900 }), 100, 0, Append},
 		{"stream full blocks", with(func(b *Budget) { b.StreamBytes = 950; b.SessionBytes = 950; b.TotalBytes = 950 }), 100, 0, Block},
 		{"session full blocks", with(func(b *Budget) { b.SessionBytes = 1950; b.TotalBytes = 1950 }), 100, 0, Block},
-		{"total full blocks", with(func(b *Budget) { b.TotalBytes = 3950; b.Sessions = 2 }), 100, 0, Block},
+		{"total full blocks", with(func(b *Budget) { b.TotalBytes = 3950 }), 100, 0, Block},
 		{"still blocked just before the stall timeout", with(func(b *Budget) { b.StreamBytes = 950; b.SessionBytes = 950; b.TotalBytes = 950 }), 100, stall - 1, Block},
 		{"stalled at the timeout fails", with(func(b *Budget) { b.StreamBytes = 950; b.SessionBytes = 950; b.TotalBytes = 950 }), 100, stall, FailStalled},
 		{"stalled past the timeout fails", with(func(b *Budget) { b.StreamBytes = 950; b.SessionBytes = 950; b.TotalBytes = 950 }), 100, 2 * stall, FailStalled},
@@ -50,44 +50,105 @@ func TestDecideAppend(t *testing.T) {
 	}
 }
 
-// TestDecideAppendFairShare: the last 1/ReserveFraction of the total is kept
-// for sessions below their fair share (TotalMax/Sessions).
-func TestDecideAppendFairShare(t *testing.T) {
-	const total = 4000 // reserve = 1000, so non-reserve room = 3000
-	base := Budget{StreamMax: total, SessionMax: total, TotalMax: total, Sessions: 2}
+// TestDecideAppendReserve: the last 1/ReserveFraction of the total is kept
+// for streams a client is reading, so streams whose clients left cannot take
+// the room that clients who are there need.
+func TestDecideAppendReserve(t *testing.T) {
+	const total = 4000 // reserve = 1000, so 3000 for detached streams
+	base := Budget{StreamMax: total, SessionMax: total, TotalMax: total}
 	tests := []struct {
-		name                    string
-		sessionBytes, totalUsed int64
-		size                    int64
-		want                    AppendAction
+		name      string
+		attached  bool
+		totalUsed int64
+		size      int64
+		want      AppendAction
 	}{
-		// Fair share is 2000. A big session at 2900 would go to 3000: above
-		// its share, but the total (3000) stays out of the reserve.
-		{"above share, outside the reserve", 2900, 2900, 100, Append},
-		// Going to 3100 total would dip into the reserve: blocked.
-		{"above share, would take the reserve", 3000, 3000, 100, Block},
-		{"above share, already at reserve edge", 2950, 3050, 10, Block},
-		// A small session (below its share) may use the reserve.
-		{"below share takes the reserve", 100, 3500, 100, Append},
-		{"below share up to the last byte", 400, 3900, 100, Append},
-		{"below share, total exhausted", 400, 3950, 100, Block},
-		// Exactly reaching the fair share still counts as within it.
-		{"exactly at share may use the reserve", 1900, 3200, 100, Append},
-		{"one byte above share may not", 1901, 3200, 100, Block},
+		{"detached, outside the reserve", false, 2900, 100, Append},
+		{"detached, would take the reserve", false, 2950, 100, Block},
+		{"detached, reserve already taken by others", false, 3500, 10, Block},
+		{"attached takes the reserve", true, 3500, 100, Append},
+		{"attached up to the last byte", true, 3900, 100, Append},
+		{"attached, total exhausted", true, 3950, 100, Block},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b := base
-			b.SessionBytes, b.StreamBytes, b.TotalBytes = tt.sessionBytes, tt.sessionBytes, tt.totalUsed
+			b.Attached, b.TotalBytes = tt.attached, tt.totalUsed
 			if got := DecideAppend(b, tt.size, 0, time.Second); got != tt.want {
 				t.Errorf("DecideAppend(%+v, %d) = %v, want %v", b, tt.size, got, tt.want)
 			}
 		})
 	}
-	// Sessions == 0 is treated as one session (the appender itself).
-	b := Budget{StreamMax: total, SessionMax: total, TotalMax: total, Sessions: 0, TotalBytes: 3500, SessionBytes: 3500, StreamBytes: 3500}
-	if got := DecideAppend(b, 100, 0, time.Second); got != Append {
-		t.Errorf("zero sessions: got %v, want Append (the only session is within its share)", got)
+}
+
+// TestReserveProtectsConnectedClients replays the review's scenario: many
+// sessions start chatty calls and hang up; they fill what detached streams
+// may take, and a connected client's call still finds room.
+func TestReserveProtectsConnectedClients(t *testing.T) {
+	const total, perSession = 1 << 20, 128 << 10
+	var used int64
+	for s := 0; s < 8; s++ { // eight hung-up sessions, each wanting its whole bound
+		var mine int64
+		for DecideAppend(Budget{StreamBytes: mine, StreamMax: perSession, SessionBytes: mine, SessionMax: perSession,
+			TotalBytes: used, TotalMax: total}, 1024, 0, time.Minute) == Append {
+			mine += 1024
+			used += 1024
+		}
+	}
+	if used > total-total/ReserveFraction {
+		t.Fatalf("detached streams took %d of %d: into the reserve", used, total)
+	}
+	for i := int64(0); i < 5; i++ {
+		b := Budget{StreamBytes: i * 1024, StreamMax: perSession, SessionBytes: i * 1024, SessionMax: perSession,
+			TotalBytes: used + i*1024, TotalMax: total, Attached: true}
+		if got := DecideAppend(b, 1024, 0, time.Minute); got != Append {
+			t.Fatalf("a connected client's event %d: %v", i+1, got)
+		}
+	}
+}
+
+func TestAuthorize(t *testing.T) {
+	for _, c := range []struct {
+		a    Access
+		want bool
+	}{
+		{Access{}, true},
+		{Access{Named: true}, true}, // a session the proxy knows nothing of: the upstream judges
+		{Access{Named: true, Remembered: true, CredentialsMatch: true}, true}, // its owner
+		{Access{Named: true, Remembered: true}, false},                        // someone else: 403
+		{Access{Remembered: true}, true},                                      // not named: nothing to check
+	} {
+		if got := Authorize(c.a); got != c.want {
+			t.Errorf("Authorize(%+v) = %v, want %v", c.a, got, c.want)
+		}
+	}
+}
+
+func TestAdmitSession(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		o    SessionOrigin
+		c    SessionCounts
+		want bool
+	}{
+		{"initialize with room", Initialized, SessionCounts{Sessions: 9, MaxSessions: 10}, true},
+		{"initialize full", Initialized, SessionCounts{Sessions: 10, MaxSessions: 10}, false},
+		{"initialize is not crowded out by adopted sessions", Initialized, SessionCounts{Sessions: 1, Adopted: 2, MaxSessions: 10}, true},
+		{"resumed shares max_sessions", Resumed, SessionCounts{Sessions: 10, MaxSessions: 10}, false},
+		{"adopted within its quarter", Adopted, SessionCounts{Adopted: 1, MaxSessions: 10}, true},
+		{"adopted quarter full", Adopted, SessionCounts{Adopted: 2, MaxSessions: 10}, false},
+		{"adopted ignores the others", Adopted, SessionCounts{Sessions: 10, MaxSessions: 10}, true},
+		{"tiny max_sessions still allows one adopted", Adopted, SessionCounts{MaxSessions: 1}, true},
+		{"no limit", Initialized, SessionCounts{Sessions: 1 << 20}, true},
+		{"untapped has its own share", Untapped, SessionCounts{Sessions: 10, Adopted: 2, MaxSessions: 10}, true},
+		{"untapped share full", Untapped, SessionCounts{Untapped: 10, MaxSessions: 10}, false},
+	} {
+		if got := AdmitSession(c.o, c.c); got != c.want {
+			t.Errorf("%s: AdmitSession(%v, %+v) = %v, want %v", c.name, c.o, c.c, got, c.want)
+		}
+	}
+	if !AdmitStream(1, 2) || AdmitStream(2, 2) || !AdmitStream(100, 0) {
+		t.Error("AdmitStream")
 	}
 }
 
@@ -109,6 +170,10 @@ func TestEvictable(t *testing.T) {
 		{"delivered recently", EventView{Seq: 5, DeliveredAt: now.Add(-time.Second)}, false},
 		{"undelivered, not acked", EventView{Seq: 5, Acked: 4}, false},
 		{"undelivered, never acked", EventView{Seq: 1}, false},
+		{"acked, but a reader is about to read it", EventView{Seq: 5, Acked: 9, ReaderNext: 5}, false},
+		{"delivered long ago, but a reader is about to read it", EventView{Seq: 5, DeliveredAt: now.Add(-2 * window), ReaderNext: 3}, false},
+		{"delivered long ago, the reader is past it", EventView{Seq: 5, DeliveredAt: now.Add(-2 * window), ReaderNext: 6}, true},
+		{"session deleted, reader or not", EventView{Seq: 5, SessionDeleted: true, ReaderNext: 1}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -130,7 +195,8 @@ func TestStringers(t *testing.T) {
 		{Live.String(), "live"}, {Complete.String(), "complete"}, {Failed.String(), "failed"},
 		{RequestStream.String(), "request"}, {StandaloneStream.String(), "standalone"},
 		{PassThrough.String(), "pass_through"}, {Reject.String(), "rejected"}, {Noop.String(), "noop"},
-		{Replay.String(), "replayed"}, {Gap.String(), "gap"}, {Adopt.String(), "adopted"},
+		{Replay.String(), "replayed"}, {Gap.String(), "gap"}, {Adopt.String(), "adopted"}, {Ended.String(), "ended"},
+		{Initialized.String(), "initialized"}, {Resumed.String(), "resumed"}, {Adopted.String(), "adopted"}, {Untapped.String(), "untapped"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)

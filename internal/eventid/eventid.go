@@ -1,9 +1,13 @@
 // Package eventid mints and parses the proxy's SSE event IDs.
 //
 // An ID is "<epoch>-<stream>-<seq>", for example "k3j9x2qa-3-17":
-//   - epoch: 8 random characters from [a-z2-7], minted per session, so an ID of
-//     another session (or of a session the proxy has forgotten) is recognisably foreign;
-//   - stream: the stream's number within the session, from 1;
+//   - epoch: 8 characters from [a-z2-7], minted per session incarnation. It
+//     carries a nonce and a keyed MAC of (session ID, nonce), so the proxy
+//     can tell an epoch it minted for that session (now or in an earlier
+//     incarnation, before a restart, expiry or purge) from a foreign or
+//     made-up one, without remembering anything;
+//   - stream: 0 for the session's standalone GET stream, 1, 2, … for the
+//     streams of POST requests, in order;
 //   - seq: the event's position in its stream, contiguous from 1; 0 is the
 //     position before the first event (the priming event's ID).
 //
@@ -13,13 +17,25 @@
 package eventid
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"strconv"
 )
 
-// EpochLen is the length of an epoch.
+// EpochLen is the length of an epoch: 40 bits in base32, of which
+// nonceBits tell incarnations of one session apart and the rest are the MAC.
 const EpochLen = 8
+
+const (
+	nonceBits = 12
+	macBits   = 5*EpochLen - nonceBits // 28: a forged epoch passes 1 time in 2^28
+)
+
+// Standalone is the stream number of a session's standalone GET stream.
+const Standalone uint32 = 0
 
 // MaxLen bounds the length of a valid ID: epoch, stream (uint32), seq (uint64)
 // and two dashes. Longer input is rejected before any parsing work.
@@ -37,28 +53,65 @@ type ID struct {
 	Seq    uint64
 }
 
-// NewEpoch returns a fresh random epoch (40 bits of entropy).
-func NewEpoch() string {
-	var b [EpochLen]byte
+// NewEpoch mints an epoch for a new incarnation of session sid, under key.
+func NewEpoch(key []byte, sid string) string {
+	var b [2]byte
 	rand.Read(b[:]) // never fails (crypto/rand panics instead since Go 1.24)
-	for i := range b {
-		b[i] = epochAlphabet[b[i]&31]
+	nonce := uint64(binary.BigEndian.Uint16(b[:])) & (1<<nonceBits - 1)
+	return encode(nonce<<macBits | mac(key, sid, nonce))
+}
+
+// Minted reports whether epoch was minted by NewEpoch for sid under key.
+func Minted(key []byte, sid, epoch string) bool {
+	v, ok := decode(epoch)
+	if !ok {
+		return false
+	}
+	nonce := v >> macBits
+	return hmac.Equal(binary.BigEndian.AppendUint64(nil, v&(1<<macBits-1)),
+		binary.BigEndian.AppendUint64(nil, mac(key, sid, nonce)))
+}
+
+func mac(key []byte, sid string, nonce uint64) uint64 {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte("mcp-resume epoch\x00"))
+	m.Write([]byte(sid))
+	m.Write(binary.BigEndian.AppendUint16(nil, uint16(nonce)))
+	return binary.BigEndian.Uint64(m.Sum(nil)) & (1<<macBits - 1)
+}
+
+func encode(v uint64) string {
+	var b [EpochLen]byte
+	for i := EpochLen - 1; i >= 0; i-- {
+		b[i] = epochAlphabet[v&31]
+		v >>= 5
 	}
 	return string(b[:])
 }
 
-// ValidEpoch reports whether s has the shape of an epoch.
-func ValidEpoch(s string) bool {
+func decode(s string) (uint64, bool) {
 	if len(s) != EpochLen {
-		return false
+		return 0, false
 	}
+	var v uint64
 	for i := 0; i < len(s); i++ {
 		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '2' && c <= '7') {
-			return false
+		switch {
+		case c >= 'a' && c <= 'z':
+			v = v<<5 | uint64(c-'a')
+		case c >= '2' && c <= '7':
+			v = v<<5 | uint64(c-'2'+26)
+		default:
+			return 0, false
 		}
 	}
-	return true
+	return v, true
+}
+
+// ValidEpoch reports whether s has the shape of an epoch.
+func ValidEpoch(s string) bool {
+	_, ok := decode(s)
+	return ok
 }
 
 // String formats the ID.
@@ -78,7 +131,7 @@ func Append(dst []byte, epoch string, stream uint32, seq uint64) []byte {
 	return strconv.AppendUint(dst, seq, 10)
 }
 
-// Parse parses a canonical ID. Stream 0 is not a valid stream.
+// Parse parses a canonical ID.
 func Parse(s string) (ID, error) {
 	if len(s) > MaxLen || len(s) < EpochLen+4 || s[EpochLen] != '-' || !ValidEpoch(s[:EpochLen]) {
 		return ID{}, ErrMalformed
@@ -95,7 +148,7 @@ func Parse(s string) (ID, error) {
 		return ID{}, ErrMalformed
 	}
 	stream, ok := parseCanonical(rest[:dash], 32)
-	if !ok || stream == 0 {
+	if !ok {
 		return ID{}, ErrMalformed
 	}
 	seq, ok := parseCanonical(rest[dash+1:], 64)

@@ -12,7 +12,8 @@ func TestRoundTrip(t *testing.T) {
 		{"aaaaaaaa", 1, 0},
 		{"77777777", 1, 1},
 		{"abcdefgh", math.MaxUint32, math.MaxUint64},
-		{NewEpoch(), 42, 1 << 40},
+		{NewEpoch([]byte("k"), "s"), 42, 1 << 40},
+		{"k3j7x2qa", Standalone, 5},
 	} {
 		s := id.String()
 		if strings.ContainsAny(s, "_\r\n") {
@@ -58,7 +59,7 @@ func TestParseRejects(t *testing.T) {
 		"k3j7x2qa-03-17",                  // leading zero in stream
 		"k3j7x2qa-3-017",                  // leading zero in seq
 		"k3j7x2qa-3-00",                   // zero written twice
-		"k3j7x2qa-0-17",                   // stream 0
+		"k3j7x2qa-00-17",                  // stream 0 written twice
 		"k3j7x2qa-4294967296-1",           // stream overflows uint32
 		"k3j7x2qa-1-18446744073709551616", // seq overflows uint64
 		"k3j7x2qa-1-99999999999999999999", // 20 digits, overflows
@@ -98,9 +99,10 @@ func TestMaxLenIsReachable(t *testing.T) {
 }
 
 func TestNewEpoch(t *testing.T) {
+	key := []byte("zone key")
 	seen := make(map[string]bool)
 	for i := 0; i < 1000; i++ {
-		e := NewEpoch()
+		e := NewEpoch(key, "session-1")
 		if !ValidEpoch(e) {
 			t.Fatalf("NewEpoch() = %q is not a valid epoch", e)
 		}
@@ -109,13 +111,47 @@ func TestNewEpoch(t *testing.T) {
 		}
 		seen[e] = true
 	}
-	if len(seen) < 999 { // 40 bits: a collision in 1000 draws is ~5e-7
+	// 12 bits of nonce tell incarnations apart: 1000 draws from 4096 give
+	// about 890 distinct values.
+	if len(seen) < 800 {
 		t.Errorf("only %d distinct epochs in 1000 draws", len(seen))
 	}
 	for _, bad := range []string{"", "abc", "abcdefgh1", "abcdefg1", "ABCDEFGH", "abcdefg-"} {
 		if ValidEpoch(bad) {
 			t.Errorf("ValidEpoch(%q) = true", bad)
 		}
+	}
+}
+
+// An epoch verifies only for the session ID and key it was minted for, so
+// the proxy can tell its own (earlier) epochs of a session from made-up ones
+// without remembering them.
+func TestMinted(t *testing.T) {
+	key := []byte("zone key")
+	e := NewEpoch(key, "session-1")
+	if !Minted(key, "session-1", e) {
+		t.Fatalf("Minted(%q) = false for its own session", e)
+	}
+	for _, c := range []struct{ key, sid, epoch string }{
+		{"zone key", "session-2", e},
+		{"other key", "session-1", e},
+		{"zone key", "session-1", "aaaaaaaa"},
+		{"zone key", "session-1", "ABCDEFGH"},
+		{"zone key", "session-1", ""},
+	} {
+		if Minted([]byte(c.key), c.sid, c.epoch) {
+			t.Errorf("Minted(%q, %q, %q) = true", c.key, c.sid, c.epoch)
+		}
+	}
+	// Guessing: about 1 in 2^28 made-up epochs passes.
+	forged := 0
+	for i := 0; i < 100000; i++ {
+		if Minted(key, "session-1", encode(uint64(i)*2654435761%(1<<40))) {
+			forged++
+		}
+	}
+	if forged > 1 {
+		t.Errorf("%d of 100000 made-up epochs verified", forged)
 	}
 }
 
@@ -136,7 +172,7 @@ func FuzzParse(f *testing.F) {
 		if got := id.String(); got != s {
 			t.Fatalf("Parse(%q) = %+v, which formats as %q", s, id, got)
 		}
-		if id.Stream == 0 || !ValidEpoch(id.Epoch) || len(s) > MaxLen || strings.ContainsAny(s, "_\r\n") {
+		if !ValidEpoch(id.Epoch) || len(s) > MaxLen || strings.ContainsAny(s, "_\r\n") {
 			t.Fatalf("Parse(%q) accepted an invalid ID %+v", s, id)
 		}
 		for i := 0; i < len(s); i++ {

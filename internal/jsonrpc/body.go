@@ -135,3 +135,61 @@ func LogNotification(level, logger string, data any) []byte {
 	})
 	return b
 }
+
+// CanonicalID returns the canonical text of a JSON-RPC id: a string with its
+// escapes resolved and re-encoded as encoding/json writes it, any other value
+// compacted. The proxy matches responses to requests in this form, so an
+// upstream that re-encodes "\u0041" as "A" still answers request "\u0041",
+// and writes ids in this form, so no raw control byte of a client's id ever
+// reaches an SSE line. Invalid JSON is returned as is (it matches nothing).
+func CanonicalID(raw []byte) string {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return ""
+	}
+	if raw[0] != '"' {
+		if simpleToken(raw) {
+			return string(raw) // a number: nothing to canonicalise
+		}
+		var b bytes.Buffer
+		if json.Compact(&b, raw) != nil {
+			return string(raw)
+		}
+		return b.String()
+	}
+	if simpleString(raw) {
+		return string(raw)
+	}
+	var s string
+	if json.Unmarshal(raw, &s) != nil {
+		return string(raw)
+	}
+	out, _ := json.Marshal(s)
+	return string(out)
+}
+
+// simpleToken reports whether raw is a bare token (a number, true, false)
+// without whitespace, which is already canonical.
+func simpleToken(raw []byte) bool {
+	for _, c := range raw {
+		if c <= ' ' || c == '{' || c == '[' || c == '"' {
+			return false
+		}
+	}
+	return true
+}
+
+// simpleString reports whether raw is a JSON string of printable ASCII
+// without escapes or characters encoding/json would escape: its own
+// canonical form.
+func simpleString(raw []byte) bool {
+	if len(raw) < 2 || raw[len(raw)-1] != '"' {
+		return false
+	}
+	for _, c := range raw[1 : len(raw)-1] {
+		if c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}

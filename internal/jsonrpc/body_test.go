@@ -3,6 +3,7 @@ package jsonrpc
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -143,5 +144,28 @@ func TestLogNotification(t *testing.T) {
 	}
 	if k := Kind(3).String(); k != "response" {
 		t.Errorf("Kind(3) = %q", k)
+	}
+}
+
+func TestCanonicalID(t *testing.T) {
+	for raw, want := range map[string]string{
+		`7`:                  `7`,
+		` 7 `:                `7`,
+		`"a"`:                `"a"`,
+		`"\u0041"`:           `"A"`,
+		`"A"`:                `"A"`,
+		`"a\r\nb"`:           `"a\r\nb"`,
+		`"é"`:                `"é"`,
+		`"\u00e9"`:           `"é"`,
+		"{\"a\":\r\n \"b\"}": `{"a":"b"}`,
+		`[1, 2]`:             `[1,2]`,
+		`"unterminated`:      `"unterminated`,
+	} {
+		if got := CanonicalID([]byte(raw)); got != want {
+			t.Errorf("CanonicalID(%q) = %q, want %q", raw, got, want)
+		}
+		if strings.ContainsAny(CanonicalID([]byte(raw)), "\r\n") {
+			t.Errorf("CanonicalID(%q) contains a line break", raw)
+		}
 	}
 }
