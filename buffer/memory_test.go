@@ -8,33 +8,35 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-const evSize = 36 // payload bytes; with EventOverhead an event holds 100 bytes
-const evBytes = evSize + EventOverhead
+const evSize = 36 // payload bytes of the small events most tests append
 
 func TestAppendReadComplete(t *testing.T) {
 	st, _ := newStore(t, bigLimits())
 	s := mustSession(t, st, "s1")
-	str := mustStream(t, s)
+	str := mustStream(t, s, "1", `"b"`)
 	if v := str.View(); v.Floor != 1 || v.Head != 0 || v.State != policy.Live || v.Kind != policy.RequestStream {
 		t.Fatalf("fresh stream view %+v", v)
 	}
 	appendN(t, str, 3, evSize)
-	seq, err := str.Append(context.Background(), payload(4, evSize), true)
+	seq, err := str.Append(context.Background(), fields(payload(4, evSize)), []string{"1"})
 	if err != nil || seq != 4 {
-		t.Fatalf("Append(response) = %d, %v", seq, err)
+		t.Fatalf("Append(answering 1) = %d, %v", seq, err)
 	}
-	mustAppend(t, str, payload(5, evSize)) // a later response does not move ResponseSeq
-	if _, err := str.Append(context.Background(), payload(6, evSize), true); err != nil {
+	mustAppend(t, str, payload(5, evSize))
+	if _, err := str.Append(context.Background(), fields(payload(6, evSize)), []string{`"b"`, "1"}); err != nil {
 		t.Fatal(err)
 	}
 	str.Complete()
-	if v := str.View(); v.State != policy.Complete || v.Head != 6 || v.ResponseSeq != 4 {
-		t.Fatalf("view after complete %+v", v)
+	v := str.View()
+	if v.State != policy.Complete || v.Head != 6 || len(v.Requests) != 2 ||
+		v.Requests[0] != (policy.RequestView{ID: "1", AnsweredAt: 4}) || v.Requests[1] != (policy.RequestView{ID: `"b"`, AnsweredAt: 6}) {
+		t.Fatalf("view after complete %+v (a later answer must not move an earlier one)", v)
 	}
-	if _, err := str.Append(context.Background(), payload(7, evSize), false); !errors.Is(err, ErrStreamEnded) {
+	if _, err := str.Append(context.Background(), fields(payload(7, evSize)), nil); !errors.Is(err, ErrStreamEnded) {
 		t.Fatalf("Append after Complete: %v, want ErrStreamEnded", err)
 	}
 	r, err := str.Attach(1)
@@ -50,22 +52,42 @@ func TestAppendReadComplete(t *testing.T) {
 		t.Fatalf("got %d events", len(evs))
 	}
 	// At the end, again: still EOF, nothing more.
-	if evs, err := r.Read(context.Background(), make([]Event, 4)); len(evs) != 0 || err != io.EOF {
-		t.Fatalf("second read at end: %d events, %v", len(evs), err)
+	if b, err := r.Read(context.Background(), nil, 1<<20, time.Second); len(b.Data) != 0 || err != io.EOF {
+		t.Fatalf("second read at end: %d slices, %v", len(b.Data), err)
 	}
 	// Attaching at head+1 of a complete stream: EOF at once.
 	r2, err := str.Attach(7)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if evs, err := r2.Read(context.Background(), make([]Event, 4)); len(evs) != 0 || err != io.EOF {
-		t.Fatalf("read at head+1: %d events, %v", len(evs), err)
+	if _, err := r2.Read(context.Background(), nil, 1<<20, time.Second); err != io.EOF {
+		t.Fatalf("read at head+1: %v", err)
 	}
 	if n := st.Counters().EventsEnqueued.Load(); n != 6 {
 		t.Errorf("EventsEnqueued = %d, want 6", n)
 	}
-	if got := str.RequestIDs(); len(got) != 1 || got[0] != "1" {
-		t.Errorf("RequestIDs = %v", got)
+}
+
+// The bytes a reader hands out are the event as the client gets it: the
+// proxy's ID, then the upstream's fields, then the blank line.
+func TestFraming(t *testing.T) {
+	st, _ := newStore(t, bigLimits())
+	s := mustSession(t, st, "s1")
+	str := mustStream(t, s)
+	if _, err := str.Append(context.Background(), []byte("event: message\ndata: {\"x\":1}\n"), nil); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := str.Attach(1)
+	b, err := r.Read(context.Background(), nil, 1<<20, time.Second)
+	if err != nil || len(b.Data) != 1 {
+		t.Fatalf("read: %v %+v", err, b)
+	}
+	want := "id: " + eventid.ID{Epoch: s.Epoch(), Stream: str.Num(), Seq: 1}.String() + "\nevent: message\ndata: {\"x\":1}\n\n"
+	if string(b.Data[0]) != want {
+		t.Fatalf("framed %q, want %q", b.Data[0], want)
+	}
+	if !eventid.Minted([]byte("test key"), "s1", s.Epoch()) {
+		t.Fatal("the session's epoch does not verify under the store's key")
 	}
 }
 
@@ -76,7 +98,7 @@ func TestReaderFollowsLive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := async(func() []Event { evs, _ := readUntil(t, r, 3); return evs })
+	got := async(func() []event { evs, _ := readUntil(t, r, 3); return evs })
 	time.Sleep(20 * time.Millisecond)
 	appendN(t, str, 3, evSize)
 	select {
@@ -85,19 +107,46 @@ func TestReaderFollowsLive(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("reader did not follow live")
 	}
-	// A blocked read returns when its context ends.
+	// A blocked read returns when its context ends, and after its idle time.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if _, err := r.Read(ctx, make([]Event, 4)); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := r.Read(ctx, nil, 1<<20, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("read with expired context: %v", err)
+	}
+	if _, err := r.Read(context.Background(), nil, 1<<20, 10*time.Millisecond); !errors.Is(err, ErrIdle) {
+		t.Fatalf("read past its idle time: %v", err)
+	}
+}
+
+// Read hands out at most about maxBytes, in runs of whole events.
+func TestReadBatches(t *testing.T) {
+	st, _ := newStore(t, bigLimits())
+	str := mustStream(t, mustSession(t, st, "s1"))
+	appendN(t, str, 9, evSize)
+	r, _ := str.Attach(1)
+	one := len("id: 12345678-1-1\n") + len("data: ") + evSize + 2
+	evs, err := read(context.Background(), r, 3*one)
+	if err != nil || len(evs) != 3 {
+		t.Fatalf("read of 3 events' bytes: %d, %v", len(evs), err)
+	}
+	checkSeqs(t, evs, 1, evSize)
+	evs, _ = read(context.Background(), r, 1) // less than one event: still one
+	checkSeqs(t, evs, 4, evSize)
+	if len(evs) != 1 {
+		t.Fatalf("read with maxBytes 1: %d events", len(evs))
+	}
+	evs, _ = read(context.Background(), r, 1<<20)
+	checkSeqs(t, evs, 5, evSize)
+	if len(evs) != 5 {
+		t.Fatalf("rest: %d events", len(evs))
 	}
 }
 
 func TestReaderFailedStream(t *testing.T) {
 	st, _ := newStore(t, bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
+	str := mustStream(t, mustSession(t, st, "s1"), "1", "2")
 	appendN(t, str, 2, evSize)
-	str.Fail(policy.ReasonUpstreamFailed)
+	str.Fail(policy.ReasonUpstreamFailed, Signal{Fields: fields(payload(3, evSize)), Answers: []string{"1", "2"}})
 	str.Fail(policy.ReasonStalled) // the first reason sticks
 	r, _ := str.Attach(1)
 	evs, err := readAll(t, r)
@@ -106,8 +155,11 @@ func TestReaderFailedStream(t *testing.T) {
 		t.Fatalf("end of failed stream: %v", err)
 	}
 	checkSeqs(t, evs, 1, evSize)
-	if len(evs) != 2 {
-		t.Fatalf("got %d events, want the 2 retained", len(evs))
+	if len(evs) != 3 {
+		t.Fatalf("got %d events, want the 2 retained and the signal", len(evs))
+	}
+	if v := str.View(); v.Requests[0].AnsweredAt != 3 || v.Requests[1].AnsweredAt != 3 {
+		t.Fatalf("the signal did not answer the requests: %+v", v.Requests)
 	}
 	if n := st.Counters().FailedStreams()[policy.ReasonUpstreamFailed]; n != 1 {
 		t.Errorf("FailedStreams[upstream_failed] = %d", n)
@@ -121,14 +173,14 @@ func TestReaderFailedStream(t *testing.T) {
 
 func TestBackpressureStreamBound(t *testing.T) {
 	lim := bigLimits()
-	lim.MaxStreamBytes = 10 * evBytes
+	lim.MaxStreamBytes = 8 * evBytes
 	st, clk := newStore(t, lim)
 	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 10, evSize)
+	appendN(t, str, 8, evSize)
 
-	blocked := asyncAppend(str, payload(11, evSize))
+	blocked := asyncAppend(str, payload(9, evSize))
 	assertBlocked(t, blocked, 100*time.Millisecond)
-	if s := st.Stats(); s.StalledStreams != 1 || s.RetainedBytes != 10*evBytes {
+	if s := st.Stats(); s.StalledStreams != 1 || s.RetainedBytes != 8*evBytes {
 		t.Fatalf("stats while blocked: %+v", s)
 	}
 	// Time passing and sweeping evict nothing undelivered, and the stall
@@ -136,7 +188,7 @@ func TestBackpressureStreamBound(t *testing.T) {
 	clk.Advance(30 * time.Minute)
 	st.Sweep()
 	assertBlocked(t, blocked, 50*time.Millisecond)
-	if v := str.View(); v.Floor != 1 || v.Head != 10 {
+	if v := str.View(); v.Floor != 1 || v.Head != 8 {
 		t.Fatalf("view while blocked: %+v", v)
 	}
 	if n := st.Counters().EventsEvicted.Load(); n != 0 {
@@ -146,18 +198,18 @@ func TestBackpressureStreamBound(t *testing.T) {
 		t.Fatalf("Stalls = %d, want 1", n)
 	}
 
-	str.Ack(2) // the client holds 1..2: they go, and room appears
+	ack(str, 2) // the client holds 1..2: they go, and room appears
 	r := awaitAppend(t, blocked)
-	if r.err != nil || r.seq != 11 {
+	if r.err != nil || r.seq != 9 {
 		t.Fatalf("unblocked Append = %d, %v", r.seq, r.err)
 	}
-	if v := str.View(); v.Floor != 3 || v.Head != 11 {
+	if v := str.View(); v.Floor != 3 || v.Head != 9 {
 		t.Fatalf("view after ack: %+v", v)
 	}
 	if n := st.Counters().EventsEvicted.Load(); n != 2 {
 		t.Fatalf("EventsEvicted = %d, want 2", n)
 	}
-	if s := st.Stats(); s.StalledStreams != 0 || s.RetainedBytes != 9*evBytes {
+	if s := st.Stats(); s.StalledStreams != 0 || s.RetainedBytes != 7*evBytes {
 		t.Fatalf("stats after: %+v", s)
 	}
 	if st.Counters().StallNanos.Load() == 0 {
@@ -167,11 +219,11 @@ func TestBackpressureStreamBound(t *testing.T) {
 
 func TestBackpressureSessionBound(t *testing.T) {
 	lim := bigLimits()
-	lim.MaxSessionBytes = 10 * evBytes
+	lim.MaxSessionBytes = 9 * evBytes
 	st, _ := newStore(t, lim)
 	s := mustSession(t, st, "s1")
 	a, b := mustStream(t, s), mustStream(t, s)
-	appendN(t, a, 6, evSize)
+	appendN(t, a, 5, evSize)
 	appendN(t, b, 4, evSize)
 	blocked := asyncAppend(b, payload(5, evSize))
 	assertBlocked(t, blocked, 100*time.Millisecond)
@@ -182,43 +234,79 @@ func TestBackpressureSessionBound(t *testing.T) {
 	if a.View().Floor != 1 || b.View().Floor != 1 || st.Counters().EventsEvicted.Load() != 0 {
 		t.Fatal("something was evicted while blocked")
 	}
-	a.Ack(1) // room in the session, freed by the other stream
+	ack(a, 1) // room in the session, freed by the other stream
 	if r := awaitAppend(t, blocked); r.err != nil || r.seq != 5 {
 		t.Fatalf("unblocked Append = %d, %v", r.seq, r.err)
 	}
 }
 
-// TestBackpressureTotalBound also shows the fair-share reserve in the store:
-// a session above its share stays blocked while only a little is freed.
+// TestBackpressureTotalBound also shows the reserve: a quarter of the total
+// is kept for streams a client is reading.
 func TestBackpressureTotalBound(t *testing.T) {
 	lim := bigLimits()
-	lim.MaxTotalBytes = 10 * evBytes
+	lim.MaxTotalBytes = 8 * evBytes // reserve: 2 events
 	st, _ := newStore(t, lim)
 	x := mustStream(t, mustSession(t, st, "x"))
 	y := mustStream(t, mustSession(t, st, "y"))
-	appendN(t, x, 5, evSize)
-	appendN(t, y, 5, evSize) // total full: 10 events
-	blocked := asyncAppend(y, payload(6, evSize))
+	appendN(t, x, 3, evSize)
+	appendN(t, y, 3, evSize) // 6 events: all detached streams may hold
+	blocked := asyncAppend(y, payload(4, evSize))
 	assertBlocked(t, blocked, 100*time.Millisecond)
 
-	// One event frees room, but y would go above its fair share (half) and
-	// into the reserve: still blocked.
-	x.Ack(1)
-	assertBlocked(t, blocked, 100*time.Millisecond)
-	if v := y.View(); v.Head != 5 || v.Floor != 1 {
-		t.Fatalf("y view %+v", v)
-	}
-	// x below its share may still use the room.
-	appendN(t, x, 1, evSize)
+	// A client reading x may use the reserve.
+	rx, _ := x.Attach(4)
+	appendN(t, x, 2, evSize)
 	assertBlocked(t, blocked, 10*time.Millisecond)
+	rx.Close()
 
-	// x lets go of everything: y is the only session holding bytes now.
-	x.Ack(6)
-	if r := awaitAppend(t, blocked); r.err != nil || r.seq != 6 {
+	// x lets go of everything: room for y outside the reserve again.
+	ack(x, 5)
+	if r := awaitAppend(t, blocked); r.err != nil || r.seq != 4 {
 		t.Fatalf("unblocked Append = %d, %v", r.seq, r.err)
 	}
-	if s := st.Stats(); s.RetainedBytes != 6*evBytes {
+	if s := st.Stats(); s.RetainedBytes != 4*evBytes {
 		t.Fatalf("RetainedBytes = %d", s.RetainedBytes)
+	}
+}
+
+// The review's scenario: sessions start chatty calls and hang up; an
+// unrelated client that reads its call still gets every event.
+func TestReserveServesConnectedClients(t *testing.T) {
+	lim := bigLimits()
+	lim.MaxTotalBytes = 32 * evBytes
+	lim.MaxSessionBytes = 4 * evBytes
+	lim.MaxStreamBytes = 4 * evBytes
+	st, _ := newStore(t, lim)
+	var blocked []<-chan appendResult
+	for i := 0; i < 8; i++ { // 8 hung-up sessions want 32 events: they get 24
+		str := mustStream(t, mustSession(t, st, "hungup-"+string(rune('a'+i))))
+		for k := 0; k < 4; k++ {
+			ch := asyncAppend(str, payload(uint64(k+1), evSize))
+			select {
+			case r := <-ch:
+				if r.err != nil {
+					t.Fatal(r.err)
+				}
+			case <-time.After(50 * time.Millisecond):
+				blocked = append(blocked, ch) // out of room for detached streams
+				k = 4
+			}
+		}
+	}
+	if got := st.Stats().RetainedBytes; got != 24*evBytes {
+		t.Fatalf("hung-up sessions hold %d bytes, want %d (three quarters)", got, 24*evBytes)
+	}
+	str := mustStream(t, mustSession(t, st, "connected"))
+	r, _ := str.Attach(1)
+	appendN(t, str, 4, evSize) // would block forever without the reserve
+	evs, _ := readUntil(t, r, 4)
+	checkSeqs(t, evs, 1, evSize)
+	for _, ch := range blocked {
+		assertBlocked(t, ch, time.Millisecond)
+	}
+	st.Close() // ends the blocked appends
+	for _, ch := range blocked {
+		<-ch
 	}
 }
 
@@ -250,7 +338,7 @@ func TestBlockedAppendEnds(t *testing.T) {
 	str := mustStream(t, s)
 	appendN(t, str, 1, evSize)
 	ctx, cancel := context.WithCancel(context.Background())
-	ch := async(func() error { _, err := str.Append(ctx, payload(2, evSize), false); return err })
+	ch := async(func() error { _, err := str.Append(ctx, fields(payload(2, evSize)), nil); return err })
 	time.Sleep(20 * time.Millisecond)
 	cancel()
 	if err := <-ch; !errors.Is(err, context.Canceled) {
@@ -282,14 +370,12 @@ func TestBlockedAppendEnds(t *testing.T) {
 	}
 }
 
-func TestStall(t *testing.T) {
-	lim := bigLimits()
-	lim.MaxStreamBytes = 3 * evBytes
-	lim.StallTimeout = 50 * time.Millisecond
+// stallStore is a store whose hooks count stalls and failures.
+func stallStore(t *testing.T, lim Limits) (*MemoryStore, *fakeClock, func() (started, ended, failed int)) {
 	var mu sync.Mutex
 	var started, ended, failed int
 	clk := newClock()
-	st := NewMemoryStore(Options{Limits: lim, Now: clk.Now, SweepInterval: time.Hour, Hooks: Hooks{
+	st := NewMemoryStore(Options{Limits: lim, Now: clk.Now, SweepInterval: time.Hour, chunkSize: 1, Hooks: Hooks{
 		StallStarted: func(string, uint32) { mu.Lock(); started++; mu.Unlock() },
 		StallEnded:   func(string, uint32, time.Duration) { mu.Lock(); ended++; mu.Unlock() },
 		StreamFailed: func(_ string, _ uint32, r policy.Reason) {
@@ -301,9 +387,18 @@ func TestStall(t *testing.T) {
 		},
 	}})
 	t.Cleanup(func() { assertNoEarlyEviction(t, st); st.Close() })
+	return st, clk, func() (int, int, int) { mu.Lock(); defer mu.Unlock(); return started, ended, failed }
+}
+
+// A client that does not read: the append stalls and fails after
+// stall_timeout; the history stays for a resume.
+func TestStall(t *testing.T) {
+	lim := bigLimits()
+	lim.MaxStreamBytes = 3 * evBytes
+	lim.StallTimeout = 50 * time.Millisecond
+	st, clk, hooks := stallStore(t, lim)
 	str := mustStream(t, mustSession(t, st, "s1"))
 	appendN(t, str, 3, evSize)
-	reader, _ := str.Attach(4) // a client at the end, waiting for more
 
 	blocked := asyncAppend(str, payload(4, evSize))
 	waitFor(t, "the append to stall", func() bool { return st.Stats().StalledStreams == 1 })
@@ -314,19 +409,16 @@ func TestStall(t *testing.T) {
 	if !errors.As(r.err, &fe) || fe.Reason != policy.ReasonStalled {
 		t.Fatalf("stalled Append = %d, %v; want FailedError(stalled)", r.seq, r.err)
 	}
+	str.Fail(fe.Reason, Signal{Fields: fields(payload(4, evSize))}) // what the tap does
 	v := str.View()
-	if v.State != policy.Failed || v.Head != 3 || v.Floor != 1 {
-		t.Fatalf("view after stall: %+v (history must stay)", v)
+	if v.State != policy.Failed || v.Head != 4 || v.Floor != 1 {
+		t.Fatalf("view after stall: %+v (history must stay, then the signal)", v)
 	}
-	_, err := readAll(t, reader)
-	if !errors.As(err, &fe) || fe.Reason != policy.ReasonStalled {
-		t.Fatalf("reader at the end got %v, want FailedError(stalled)", err)
-	}
-	// A resuming reader still gets the retained history, then the failure.
+	// A resuming reader gets the retained history, the signal, then the failure.
 	r2, _ := str.Attach(1)
 	evs, err := readAll(t, r2)
 	checkSeqs(t, evs, 1, evSize)
-	if len(evs) != 3 || !errors.As(err, &fe) {
+	if len(evs) != 4 || !errors.As(err, &fe) {
 		t.Fatalf("resume after stall: %d events, %v", len(evs), err)
 	}
 	if n := st.Counters().FailedStreams()[policy.ReasonStalled]; n != 1 {
@@ -335,10 +427,140 @@ func TestStall(t *testing.T) {
 	if st.Stats().StalledStreams != 0 || st.Counters().EventsEvicted.Load() != 0 {
 		t.Errorf("after stall: %+v, evicted %d", st.Stats(), st.Counters().EventsEvicted.Load())
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if started != 1 || ended != 1 || failed != 1 {
+	if started, ended, failed := hooks(); started != 1 || ended != 1 || failed != 1 {
 		t.Errorf("hooks: started %d ended %d failed %d", started, ended, failed)
+	}
+}
+
+// A reader at full speed is never failed: while it has every retained
+// event, an append that waits for the window to release room is being slowed
+// down, not stalled, however long the window (the review's defaults case:
+// stall_timeout equal to resume_window).
+func TestFastReaderNeverStalls(t *testing.T) {
+	lim := bigLimits()
+	lim.MaxStreamBytes = 3 * evBytes
+	lim.StallTimeout = time.Minute
+	lim.ResumeWindow = time.Minute
+	st, clk, hooks := stallStore(t, lim)
+	str := mustStream(t, mustSession(t, st, "s1"))
+	r, _ := str.Attach(1)
+	waits := 0
+	for seq := uint64(1); seq <= 12; seq++ {
+		ch := asyncAppend(str, payload(seq%10, evSize))
+		var res appendResult
+		select {
+		case res = <-ch:
+		case <-time.After(50 * time.Millisecond):
+			// Full of delivered events: waiting for the window, which is as
+			// long as the stall timeout.
+			waits++
+			// The append wakes (its stall deadline, no sweep yet): it must
+			// take the room the window released, not fail as stalled.
+			clk.Advance(lim.ResumeWindow)
+			st.budget.wake()
+			res = awaitAppend(t, ch)
+		}
+		if res.err != nil || res.seq != seq {
+			t.Fatalf("append %d: %d %v", seq, res.seq, res.err)
+		}
+		evs, _ := readUntil(t, r, 1)
+		if evs[0].Seq != seq {
+			t.Fatalf("read seq %d, want %d", evs[0].Seq, seq)
+		}
+		r.Delivered(seq)
+	}
+	if waits < 2 {
+		t.Fatalf("only %d appends waited for the window: the bound was not exercised", waits)
+	}
+	if _, _, failed := hooks(); failed != 0 {
+		t.Fatalf("a reader at full speed was failed %d times", failed)
+	}
+}
+
+// With a stall timeout shorter than the window, a caught-up reader's
+// append waits the whole window for room: still not a stall.
+func TestCaughtUpReaderOutlastsShortStallTimeout(t *testing.T) {
+	lim := bigLimits()
+	lim.MaxStreamBytes = 3 * evBytes
+	lim.StallTimeout = time.Minute
+	lim.ResumeWindow = time.Hour
+	st, clk, hooks := stallStore(t, lim)
+	str := mustStream(t, mustSession(t, st, "s1"))
+	appendN(t, str, 3, evSize)
+	r, _ := str.Attach(1)
+	readUntil(t, r, 3)
+	r.Delivered(3)
+	blocked := asyncAppend(str, payload(4, evSize))
+	waitFor(t, "the append to wait", func() bool { return st.Stats().StalledStreams == 1 })
+	for i := 0; i < 5; i++ {
+		clk.Advance(lim.StallTimeout)
+		st.budget.wake()
+		assertBlocked(t, blocked, 20*time.Millisecond)
+	}
+	clk.Advance(lim.ResumeWindow)
+	st.Sweep()
+	if res := awaitAppend(t, blocked); res.err != nil || res.seq != 4 {
+		t.Fatalf("append after the window: %d %v", res.seq, res.err)
+	}
+	if _, _, failed := hooks(); failed != 0 {
+		t.Fatal("a caught-up reader was failed")
+	}
+}
+
+// A slow reader that keeps making progress is never failed either: each
+// delivery restarts the stall clock.
+func TestSlowReaderProgressResetsStall(t *testing.T) {
+	lim := bigLimits()
+	lim.MaxStreamBytes = 3 * evBytes
+	lim.StallTimeout = time.Minute
+	lim.ResumeWindow = time.Hour // delivered events keep their room throughout
+	st, clk, hooks := stallStore(t, lim)
+	str := mustStream(t, mustSession(t, st, "s1"))
+	appendN(t, str, 3, evSize)
+	r, _ := str.Attach(1)
+	blocked := asyncAppend(str, payload(4, evSize))
+	waitFor(t, "the append to stall", func() bool { return st.Stats().StalledStreams == 1 })
+	for i := 0; i < 3; i++ {
+		clk.Advance(lim.StallTimeout * 3 / 4)
+		evs, _ := read(context.Background(), r, 1)
+		r.Delivered(evs[0].Seq) // progress, but no room: the window holds it
+		st.budget.wake()
+		assertBlocked(t, blocked, 20*time.Millisecond)
+	}
+	ack(str, 3) // the client resumes from 3: room
+	if res := awaitAppend(t, blocked); res.err != nil {
+		t.Fatalf("append: %v", res.err)
+	}
+	if _, _, failed := hooks(); failed != 0 {
+		t.Fatal("a progressing reader was failed")
+	}
+}
+
+// Raising stall_timeout on reload must not make stalled appends spin: the
+// timer re-arms for the new deadline, not every millisecond.
+func TestStallTimeoutRaiseDoesNotSpin(t *testing.T) {
+	lim := bigLimits()
+	lim.MaxStreamBytes = evBytes
+	lim.StallTimeout = 20 * time.Millisecond
+	clk := newClock()
+	st := NewMemoryStore(Options{Limits: lim, Now: clk.Now, SweepInterval: time.Hour, chunkSize: 1})
+	defer st.Close()
+	str := mustStream(t, mustSession(t, st, "s1"))
+	appendN(t, str, 1, evSize)
+	blocked := asyncAppend(str, payload(2, evSize))
+	waitFor(t, "the append to stall", func() bool { return st.Stats().StalledStreams == 1 })
+	lim.StallTimeout = time.Hour
+	st.SetLimits(lim)
+	clk.Advance(time.Second) // past the old timeout, far from the new one
+	time.Sleep(50 * time.Millisecond)
+	before := st.reserveRounds.Load()
+	time.Sleep(200 * time.Millisecond)
+	if n := st.reserveRounds.Load() - before; n > 3 {
+		t.Fatalf("the blocked append decided %d times in 200ms: it spins", n)
+	}
+	assertBlocked(t, blocked, time.Millisecond)
+	if v := str.View(); v.State != policy.Live {
+		t.Fatalf("failed under the raised timeout: %+v", v)
 	}
 }
 
@@ -356,13 +578,13 @@ func TestTooLarge(t *testing.T) {
 			}
 			st, _ := newStore(t, lim)
 			str := mustStream(t, mustSession(t, st, "s1"))
-			_, err := str.Append(context.Background(), make([]byte, 2*evBytes), false)
+			_, err := str.Append(context.Background(), make([]byte, 2*evBytes), nil)
 			var fe *FailedError
 			if !errors.As(err, &fe) || fe.Reason != policy.ReasonTooLarge {
 				t.Fatalf("oversized Append: %v", err)
 			}
-			if str.View().State != policy.Failed {
-				t.Fatal("stream not failed")
+			if str.View().State != policy.Live {
+				t.Fatal("the store fails nothing itself: the tap decides")
 			}
 		})
 	}
@@ -374,9 +596,9 @@ func TestEvictAcked(t *testing.T) {
 	st, _ := newStore(t, bigLimits())
 	str := mustStream(t, mustSession(t, st, "s1"))
 	appendN(t, str, 5, evSize)
-	str.Ack(3) // at once, no sweep needed
+	ack(str, 3) // at once, no sweep needed
 	if v := str.View(); v.Floor != 4 || v.Head != 5 {
-		t.Fatalf("view after Ack(3): %+v", v)
+		t.Fatalf("view after ack(3): %+v", v)
 	}
 	if b := st.Stats().RetainedBytes; b != 2*evBytes {
 		t.Fatalf("RetainedBytes = %d, want %d", b, 2*evBytes)
@@ -390,10 +612,11 @@ func TestEvictAcked(t *testing.T) {
 	}
 	evs, _ := readUntil(t, r, 2)
 	checkSeqs(t, evs, 4, evSize)
-	str.Ack(1)    // lower ack: nothing changes
-	str.Ack(1000) // beyond head: clamps
+	r.Close()
+	ack(str, 1)    // lower ack: nothing changes
+	ack(str, 1000) // beyond head: clamps
 	if v := str.View(); v.Floor != 6 || v.Head != 5 {
-		t.Fatalf("view after Ack(1000): %+v", v)
+		t.Fatalf("view after ack(1000): %+v", v)
 	}
 	if b := st.Stats().RetainedBytes; b != 0 {
 		t.Fatalf("RetainedBytes = %d", b)
@@ -415,6 +638,7 @@ func TestEvictDeliveredAfterWindow(t *testing.T) {
 	r, _ := str.Attach(1)
 	readUntil(t, r, 5)
 	r.Delivered(3) // only 1..3 were written and flushed
+	r.Close()
 	st.Sweep()
 	if v := str.View(); v.Floor != 1 {
 		t.Fatalf("delivered events evicted before the window: %+v", v)
@@ -439,7 +663,10 @@ func TestEvictDeliveredAfterWindow(t *testing.T) {
 		t.Fatalf("RetainedBytes = %d", b)
 	}
 	// Delivered later: they go one window after that delivery.
-	r.Delivered(5)
+	r2, _ := str.Attach(4)
+	readUntil(t, r2, 2)
+	r2.Delivered(5)
+	r2.Close()
 	clk.Advance(lim.ResumeWindow / 2)
 	st.Sweep()
 	if str.View().Floor != 4 {
@@ -453,6 +680,35 @@ func TestEvictDeliveredAfterWindow(t *testing.T) {
 	if n := st.Counters().EventsEvicted.Load(); n != 5 {
 		t.Fatalf("EventsEvicted = %d", n)
 	}
+}
+
+// An attached reader protects what it has yet to read, whatever the
+// window says: the review's repeated-request loss (a reader attached at 1
+// over events an earlier connection had been sent) cannot happen.
+func TestAttachedReaderIsNeverEvictedUnder(t *testing.T) {
+	lim := bigLimits()
+	st, clk := newStore(t, lim)
+	str := mustStream(t, mustSession(t, st, "s1"))
+	appendN(t, str, 6, evSize)
+	first, _ := str.Attach(1)
+	readUntil(t, first, 6)
+	first.Delivered(6)
+	first.Close()
+	// A second reader from 1 without an acknowledgement (what a repeated
+	// request did), then the window passes.
+	r, _ := str.Attach(1)
+	evs, _ := read(context.Background(), r, 1)
+	checkSeqs(t, evs, 1, evSize)
+	clk.Advance(2 * lim.ResumeWindow)
+	st.Sweep()
+	if v := str.View(); v.Floor != 2 {
+		t.Fatalf("floor %d: only what the reader has passed may go", v.Floor)
+	}
+	evs, err := readUntil(t, r, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSeqs(t, evs, 2, evSize)
 }
 
 func TestDeliveredByTakenOverReaderIgnored(t *testing.T) {
@@ -480,11 +736,12 @@ func TestAckBelowDeliveredResetsDelivery(t *testing.T) {
 	r, _ := str.Attach(1)
 	readUntil(t, r, 5)
 	r.Delivered(5)
+	r.Close()
 	clk.Advance(lim.ResumeWindow / 2)
 	// The client resumes from 2: 3..5 were written to it but never arrived.
-	str.Ack(2)
+	ack(str, 2)
 	if v := str.View(); v.Floor != 3 {
-		t.Fatalf("after Ack(2): %+v", v)
+		t.Fatalf("after ack(2): %+v", v)
 	}
 	clk.Advance(lim.ResumeWindow)
 	st.Sweep()
@@ -499,6 +756,7 @@ func TestAckBelowDeliveredResetsDelivery(t *testing.T) {
 	evs, _ := readUntil(t, r2, 3)
 	checkSeqs(t, evs, 3, evSize)
 	r2.Delivered(5)
+	r2.Close()
 	clk.Advance(lim.ResumeWindow)
 	st.Sweep()
 	if v := str.View(); v.Floor != 6 {
@@ -506,372 +764,25 @@ func TestAckBelowDeliveredResetsDelivery(t *testing.T) {
 	}
 }
 
-func TestDeleteSession(t *testing.T) {
-	st, _ := newStore(t, bigLimits())
-	meta := SessionMeta{Version: "2025-11-25", Fingerprint: [32]byte{9, 9}}
-	s, err := st.NewSession("s1", meta)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s.ID() != "s1" || s.Meta() != meta || len(s.Epoch()) != 8 {
-		t.Fatalf("session %q %+v %q", s.ID(), s.Meta(), s.Epoch())
-	}
-	a, b := mustStream(t, s), mustStream(t, s)
-	appendN(t, a, 4, evSize)
-	appendN(t, b, 3, evSize)
-	keep := mustStream(t, mustSession(t, st, "s2"))
-	appendN(t, keep, 2, evSize)
-	r, _ := a.Attach(1)
-	if st.Stats().RetainedBytes != 9*evBytes {
-		t.Fatal("bytes before delete")
-	}
-	if !st.Delete("s1", policy.ReasonDeleted) {
-		t.Fatal("Delete = false")
-	}
-	if st.Delete("s1", policy.ReasonDeleted) {
-		t.Fatal("second Delete = true")
-	}
-	if b := st.Stats().RetainedBytes; b != 2*evBytes {
-		t.Fatalf("RetainedBytes = %d after delete, want only s2's", b)
-	}
-	select {
-	case <-r.Done():
-	default:
-		t.Fatal("reader not done after delete")
-	}
-	if _, err := r.Read(context.Background(), make([]Event, 4)); !errors.Is(err, ErrSessionGone) {
-		t.Fatalf("read after delete: %v", err)
-	}
-	if s.Context().Err() == nil {
-		t.Fatal("session context not cancelled")
-	}
-	if _, ok := st.Session("s1"); ok {
-		t.Fatal("session still there")
-	}
-	tomb, ok := st.Tombstone("s1")
-	if !ok || tomb.Reason != policy.ReasonDeleted || tomb.Epoch != s.Epoch() || tomb.Fingerprint != meta.Fingerprint {
-		t.Fatalf("tombstone %+v, %v", tomb, ok)
-	}
-	if _, err := s.NewStream(policy.RequestStream, nil); !errors.Is(err, ErrSessionGone) {
-		t.Fatalf("NewStream on deleted session: %v", err)
-	}
-	if _, err := a.Attach(5); !errors.Is(err, ErrSessionGone) {
-		t.Fatalf("Attach on deleted session: %v", err)
-	}
-	if st.Counters().EventsEvicted.Load() != 7 {
-		t.Fatalf("EventsEvicted = %d", st.Counters().EventsEvicted.Load())
-	}
-	// A new session under the same id clears the tombstone.
-	mustSession(t, st, "s1")
-	if _, ok := st.Tombstone("s1"); ok {
-		t.Fatal("tombstone survived re-creation")
-	}
-	st.Delete("s2", policy.ReasonDeleted)
-	st.Delete("s1", policy.ReasonDeleted)
-	if s := st.Stats(); s.RetainedBytes != 0 || s.Sessions != 0 {
-		t.Fatalf("stats after deleting all: %+v", s)
-	}
-}
-
-func TestIdleExpiry(t *testing.T) {
-	lim := bigLimits()
-	lim.SessionIdleTimeout = 10 * time.Minute
-	var mu sync.Mutex
-	var ended []policy.Reason
+// A reader that finds its position gone (a bug) is never silent: the
+// counter moves and the hook fires.
+func TestReaderBelowFloorIsCounted(t *testing.T) {
 	clk := newClock()
-	st := NewMemoryStore(Options{Limits: lim, Now: clk.Now, SweepInterval: time.Hour, Hooks: Hooks{
-		SessionEnded: func(_ string, r policy.Reason) { mu.Lock(); ended = append(ended, r); mu.Unlock() },
-	}})
-	t.Cleanup(func() { assertNoEarlyEviction(t, st); st.Close() })
-
-	idle := mustSession(t, st, "idle")
-	appendN(t, mustStream(t, idle), 3, evSize)
-	touched := mustSession(t, st, "touched")
-	connected := mustSession(t, st, "connected")
-	cstr := mustStream(t, connected)
-	r, _ := cstr.Attach(1)
-
-	clk.Advance(lim.SessionIdleTimeout - time.Second)
-	touched.Touch()
-	st.Sweep()
-	if st.Stats().Sessions != 3 {
-		t.Fatal("expired early")
-	}
-	clk.Advance(time.Second)
-	st.Sweep()
-	if _, ok := st.Session("idle"); ok {
-		t.Fatal("idle session not expired")
-	}
-	if tomb, ok := st.Tombstone("idle"); !ok || tomb.Reason != policy.ReasonExpired {
-		t.Fatalf("tombstone %+v %v", tomb, ok)
-	}
-	if _, ok := st.Session("touched"); !ok {
-		t.Fatal("touched session expired")
-	}
-	if _, ok := st.Session("connected"); !ok {
-		t.Fatal("connected session expired")
-	}
-	if st.Stats().RetainedBytes != 0 {
-		t.Fatalf("RetainedBytes = %d", st.Stats().RetainedBytes)
-	}
-	clk.Advance(lim.SessionIdleTimeout)
-	st.Sweep()
-	if _, ok := st.Session("touched"); ok {
-		t.Fatal("touched session outlived its idle timeout")
-	}
-	if _, ok := st.Session("connected"); !ok {
-		t.Fatal("a session with a client connected expired")
-	}
-	// Once the client leaves, the idle clock starts from then.
-	r.Close()
-	clk.Advance(lim.SessionIdleTimeout - time.Second)
-	st.Sweep()
-	if _, ok := st.Session("connected"); !ok {
-		t.Fatal("expired before its idle timeout after disconnect")
-	}
-	clk.Advance(time.Second)
-	st.Sweep()
-	if _, ok := st.Session("connected"); ok {
-		t.Fatal("not expired after disconnect + idle timeout")
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(ended) != 3 || ended[0] != policy.ReasonExpired {
-		t.Fatalf("SessionEnded hooks: %v", ended)
-	}
-}
-
-// ---- readers ---------------------------------------------------------------
-
-func TestTakeover(t *testing.T) {
-	st, _ := newStore(t, bigLimits())
+	var fired uint64
+	st := NewMemoryStore(Options{Limits: bigLimits(), Now: clk.Now, SweepInterval: time.Hour,
+		Hooks: Hooks{EvictedBeforeAck: func(_ string, _ uint32, _, n uint64) { fired += n }}})
+	defer st.Close()
 	str := mustStream(t, mustSession(t, st, "s1"))
 	appendN(t, str, 4, evSize)
-	r1, _ := str.Attach(1)
-	evs, _ := readUntil(t, r1, 2)
-	checkSeqs(t, evs[:2], 1, evSize)
-	// r1 blocks at the end in another goroutine.
-	waiting := async(func() error {
-		_, err := readUntil(t, r1, 100)
-		return err
-	})
-	time.Sleep(20 * time.Millisecond)
-
-	r2, err := str.Attach(3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-r1.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("old reader's Done not closed")
-	}
-	select {
-	case err := <-waiting:
-		if !errors.Is(err, ErrTakenOver) {
-			t.Fatalf("old reader got %v, want ErrTakenOver", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("old reader still blocked after takeover")
-	}
-	// Even with events available, the old reader gets nothing more.
-	if evs, err := r1.Read(context.Background(), make([]Event, 4)); len(evs) != 0 || !errors.Is(err, ErrTakenOver) {
-		t.Fatalf("old reader read %d, %v", len(evs), err)
-	}
-	select {
-	case <-r2.Done():
-		t.Fatal("new reader done")
-	default:
-	}
-	if c := st.Stats().Connected; c != 1 {
-		t.Fatalf("Connected = %d, want 1", c)
-	}
-	appendN(t, str, 2, evSize)
-	evs, err = readUntil(t, r2, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkSeqs(t, evs, 3, evSize)
-	r1.Close() // closing a taken-over reader must not detach the new one
-	if c := st.Stats().Connected; c != 1 {
-		t.Fatalf("Connected = %d after closing the old reader", c)
-	}
-	info := st.Sessions()[0].Streams[0]
-	if !info.Connected {
-		t.Fatal("stream shows no connection")
-	}
-	r2.Close()
-	if c := st.Stats().Connected; c != 0 {
-		t.Fatalf("Connected = %d after closing both", c)
-	}
-}
-
-func TestStandaloneAndLimits(t *testing.T) {
-	lim := bigLimits()
-	lim.MaxSessions = 2
-	lim.MaxStreamsPerSession = 2
-	st, _ := newStore(t, lim)
-	s := mustSession(t, st, "s1")
-	if _, err := st.NewSession("s1", SessionMeta{}); !errors.Is(err, ErrSessionExists) {
-		t.Fatalf("duplicate session: %v", err)
-	}
-	mustSession(t, st, "s2")
-	if _, err := st.NewSession("s3", SessionMeta{}); !errors.Is(err, ErrTooManySessions) {
-		t.Fatalf("third session: %v", err)
-	}
-
-	g1, err := s.Standalone()
-	if err != nil {
-		t.Fatal(err)
-	}
-	g2, err := s.Standalone()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g1 != g2 || g1.Kind() != policy.StandaloneStream {
-		t.Fatalf("Standalone twice: %v %v", g1, g2)
-	}
-	if got, ok := s.Stream(g1.Num()); !ok || got != g1 {
-		t.Fatal("Stream(num) does not find the standalone stream")
-	}
-	p := mustStream(t, s) // second active stream
-	if p.Num() == g1.Num() {
-		t.Fatal("stream numbers collide")
-	}
-	if _, err := s.NewStream(policy.RequestStream, nil); !errors.Is(err, ErrTooManyStreams) {
-		t.Fatalf("third stream: %v", err)
-	}
-	// Only live streams count: a complete one frees its slot at once, even
-	// while it still holds events (the byte bounds cover those).
-	appendN(t, p, 1, evSize)
-	p.Complete()
-	q, err := s.NewStream(policy.RequestStream, nil)
-	if err != nil {
-		t.Fatalf("stream after the old one completed: %v", err)
-	}
-	p.Ack(1)
-	if q.Num() != 3 {
-		t.Fatalf("stream number %d, want 3", q.Num())
-	}
-	// Its metadata stays: a late resume can still be answered.
-	if v := p.View(); v.Head != 1 || v.Floor != 2 || v.State != policy.Complete {
-		t.Fatalf("completed stream view %+v", v)
-	}
-	if _, ok := s.Stream(99); ok {
-		t.Fatal("Stream(99) found")
-	}
-	if !g1.ClaimProducer() || g1.ClaimProducer() {
-		t.Fatal("ClaimProducer must succeed once")
-	}
-	if st.Stats().Producing != 1 {
-		t.Fatal("Producing gauge")
-	}
-	g1.ReleaseProducer()
-	if !g1.ClaimProducer() {
-		t.Fatal("ClaimProducer after release")
-	}
-	info := s.Info()
-	if len(info.Streams) != 3 || info.Streams[0].Kind != "standalone" || info.Streams[1].State != "complete" {
-		t.Fatalf("info %+v", info)
-	}
-}
-
-func TestCloseStore(t *testing.T) {
-	st := NewMemoryStore(Options{Limits: bigLimits()})
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 2, evSize)
-	r, _ := str.Attach(3)
-	done := async(func() error { _, err := readAll(t, r); return err })
-	st.Close()
-	// The waiting reader learns that its session ended: either from its
-	// reader (ErrSessionGone) or from the stream (failed, reason deleted).
-	var fe *FailedError
-	if err := <-done; !errors.Is(err, ErrSessionGone) && !(errors.As(err, &fe) && fe.Reason == policy.ReasonDeleted) {
-		t.Fatalf("reader after Close: %v", err)
-	}
-	if s := st.Stats(); s.Sessions != 0 || s.RetainedBytes != 0 {
-		t.Fatalf("stats after close %+v", s)
-	}
-	assertNoEarlyEviction(t, st)
-}
-
-func TestStandaloneAfterFailure(t *testing.T) {
-	st, _ := newStore(t, bigLimits())
-	s := mustSession(t, st, "s1")
-	g1, _ := s.Standalone()
-	g1.Fail(policy.ReasonUpstreamFailed)
-	g2, err := s.Standalone()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g2 == g1 || g2.View().State != policy.Live || g2.Kind() != policy.StandaloneStream {
-		t.Fatalf("Standalone after failure: same=%v view %+v", g2 == g1, g2.View())
-	}
-	if g3, _ := s.Standalone(); g3 != g2 {
-		t.Fatal("Standalone not stable after re-creation")
-	}
-	if n := s.ActiveStreams(); n != 1 {
-		t.Fatalf("ActiveStreams = %d, want 1 (the failed one holds nothing)", n)
-	}
-}
-
-func TestStandaloneReaderEndsWithoutProducer(t *testing.T) {
-	st, _ := newStore(t, bigLimits())
-	s := mustSession(t, st, "s1")
-	g, _ := s.Standalone()
-	if !g.ClaimProducer() || !g.Producing() {
-		t.Fatal("ClaimProducer")
-	}
-	appendN(t, g, 2, evSize)
-	r, _ := g.Attach(1)
-	evs, err := readUntil(t, r, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkSeqs(t, evs, 1, evSize)
-	ended := async(func() error { _, err := readAll(t, r); return err })
-	time.Sleep(20 * time.Millisecond)
-	g.ReleaseProducer() // the upstream GET ended: a caught-up reader ends too
-	if err := <-ended; !errors.Is(err, ErrProducerGone) {
-		t.Fatalf("caught-up standalone reader got %v, want ErrProducerGone", err)
-	}
-	// A reader behind the head still gets the retained events first.
-	r2, _ := g.Attach(1)
-	evs, err = readAll(t, r2)
-	if len(evs) != 2 || !errors.Is(err, ErrProducerGone) {
-		t.Fatalf("behind reader: %d events, %v", len(evs), err)
-	}
-}
-
-func TestAttachFromUndelivered(t *testing.T) {
-	st, _ := newStore(t, bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 5, evSize)
-	r, _ := str.Attach(FromUndelivered)
-	evs, _ := readUntil(t, r, 5)
-	checkSeqs(t, evs, 1, evSize)
-	r.Delivered(3)
-	r2, _ := str.Attach(FromUndelivered) // a reconnect without Last-Event-ID
-	evs, _ = readUntil(t, r2, 2)
-	checkSeqs(t, evs, 4, evSize)
-	str.Ack(4)
-	r3, _ := str.Attach(FromUndelivered)
-	evs, _ = readUntil(t, r3, 1)
-	checkSeqs(t, evs, 5, evSize)
-}
-
-// TestReadFillsCapacity: Read fills buf's capacity (callers pass buf[:0]).
-func TestReadFillsCapacity(t *testing.T) {
-	st, _ := newStore(t, bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 10, evSize)
 	r, _ := str.Attach(1)
-	buf := make([]Event, 0, 4)
-	evs, err := r.Read(context.Background(), buf)
-	if err != nil || len(evs) != 4 || &evs[0] != &buf[:1][0] {
-		t.Fatalf("Read(buf[:0] cap 4) = %d events, %v (or not in buf's array)", len(evs), err)
+	s := str.(*memStream)
+	s.mu.Lock()
+	s.log.evict(2) // what no path may do: evict under an attached reader
+	s.mu.Unlock()
+	if _, err := read(context.Background(), r, 1<<20); !errors.Is(err, ErrBelowFloor) {
+		t.Fatalf("read below the floor: %v", err)
 	}
-	checkSeqs(t, evs, 1, evSize)
-	evs, _ = r.Read(context.Background(), evs[:0])
-	checkSeqs(t, evs, 5, evSize)
+	if n := st.Counters().EventsEvictedBeforeAck.Load(); n != 2 || fired != 2 {
+		t.Fatalf("EventsEvictedBeforeAck = %d, hook %d; want 2", n, fired)
+	}
 }

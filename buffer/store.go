@@ -9,7 +9,10 @@
 // Append blocks while a byte bound is reached (backpressure); it never evicts
 // to make room. Events leave a log only when policy.Evictable says so.
 //
-// The package knows nothing of HTTP or Caddy.
+// Store, Session, Stream and Reader are the seam between the Caddy glue and a
+// retention engine: MemoryStore (this package) keeps everything in the
+// process; a shared store keeps it where several replicas can reach it. The
+// package knows nothing of HTTP or Caddy.
 package buffer
 
 import (
@@ -29,10 +32,12 @@ var (
 	ErrStreamEnded     = errors.New("stream has ended")
 	ErrTakenOver       = errors.New("another connection took over the stream")
 	ErrBelowFloor      = errors.New("reader position is below the retained floor")
-	// ErrProducerGone ends a reader of a standalone stream that has caught up
-	// while no upstream response feeds the stream: its client should
+	// ErrProducerGone ends a reader of the standalone stream that has caught
+	// up while no upstream response feeds the stream: its client should
 	// reconnect, which starts a new upstream GET.
 	ErrProducerGone = errors.New("no upstream response feeds the stream")
+	// ErrIdle is returned by Read when nothing arrived within its idle time.
+	ErrIdle = errors.New("no event within the idle time")
 )
 
 // FromUndelivered, passed to Attach, starts at the first event never written
@@ -40,7 +45,7 @@ var (
 const FromUndelivered uint64 = 0
 
 // FailedError reports that a stream failed, and why. Appenders get it when
-// their append failed the stream; readers get it at the end of a failed stream.
+// their append cannot go on; readers get it at the end of a failed stream.
 type FailedError struct{ Reason policy.Reason }
 
 func (e *FailedError) Error() string { return "stream failed: " + string(e.Reason) }
@@ -52,9 +57,9 @@ type Limits struct {
 	MaxSessionBytes      int64
 	MaxTotalBytes        int64
 	MaxSessions          int
-	MaxStreamsPerSession int           // live streams
+	MaxStreamsPerSession int           // live request streams (calls running at once)
 	ResumeWindow         time.Duration // delivered events stay this long
-	StallTimeout         time.Duration // a full log this long fails its stream
+	StallTimeout         time.Duration // a full log whose client makes no progress this long fails its stream
 	SessionIdleTimeout   time.Duration // a session with no client this long expires
 }
 
@@ -62,37 +67,70 @@ type Limits struct {
 type SessionMeta struct {
 	Version     string   // negotiated MCP protocol version
 	Fingerprint [32]byte // keyed hash of the bound credential headers
+	BindHeaders []string // the headers Fingerprint covers, as configured when the session began
+	Origin      policy.SessionOrigin
 }
 
-// Tombstone remembers a session that ended here, so a late resume gets a
-// precise answer.
+// Past is what is remembered of an incarnation of a session that ended here,
+// so a client that comes back late gets a precise answer instead of a 400.
+type Past struct {
+	Epoch  string
+	Reason policy.Reason
+	// Streams are its request streams whose answers a client may lack, by
+	// number (at most MaxPastStreams).
+	Streams map[uint32]policy.StreamView
+}
+
+// Tombstone remembers a session that ended here: its last incarnation, the
+// credentials bound to it (a late request with others gets 403), and what
+// came before. Tombstones are exact: kept for TombstoneTTL, at most
+// MaxTombstones (a multiple of max_sessions) at a time.
 type Tombstone struct {
-	Epoch       string
+	Past
 	Fingerprint [32]byte
-	Reason      policy.Reason
+	BindHeaders []string
+	Version     string
+	Ended       time.Time
+	Earlier     []Past // incarnations before the last, newest first
 }
 
-// Event is one retained event as a reader sees it. Data is immutable.
-type Event struct {
-	Seq  uint64
-	Data []byte
+// Signal is an event the proxy itself puts into a stream: a gap notice, a
+// JSON-RPC error for a request whose answer is lost. Signals bypass the byte
+// bounds (they are small, and they are how a failure is told).
+type Signal struct {
+	Fields  []byte   // SSE fields, as Append takes them
+	Answers []string // the request ids it answers (canonical JSON)
 }
 
-// Store holds sessions. It is the seam for a shared store: callers use only
-// these interfaces.
+// Batch is a run of consecutive events as a reader hands them out, framed
+// for the client (each with its "id:" line and closing blank line).
+type Batch struct {
+	First, Last uint64
+	Data        [][]byte // the events' bytes, in order; valid until the next Read
+}
+
+// Store holds sessions.
 type Store interface {
-	// NewSession registers a session under the upstream's session ID.
-	NewSession(id string, meta SessionMeta) (Session, error)
+	// CreateSession registers a session under the upstream's session ID,
+	// minting its epoch. A tombstone of the same ID is consumed: what it
+	// remembers becomes the new session's past.
+	CreateSession(id string, meta SessionMeta) (Session, error)
+	// Admit reports whether a session of origin o would be admitted now
+	// (policy.AdmitSession); CreateSession decides again.
+	Admit(o policy.SessionOrigin) bool
 	Session(id string) (Session, bool)
 	Tombstone(id string) (Tombstone, bool)
-	// Delete ends a session: its readers and appenders stop, its events go.
+	// Delete ends a session: its readers and appenders stop, its events go,
+	// a tombstone remembers it.
 	Delete(id string, reason policy.Reason) bool
 	Sessions() []SessionInfo
-	SessionCount() int
 	Stats() Stats
 	Counters() *Counters
+	// Key is the secret that credential fingerprints and epochs are keyed
+	// with; every replica of a shared store has the same.
+	Key() []byte
+	// SetLimits applies new limits (on config reload) to every session.
 	SetLimits(Limits)
-	Limits() Limits
 	// Close ends every session. The store must not be used afterwards.
 	Close()
 }
@@ -102,16 +140,28 @@ type Session interface {
 	ID() string
 	Epoch() string
 	Meta() SessionMeta
+	// Past returns what is remembered of an earlier incarnation by epoch.
+	Past(epoch string) (Past, bool)
 	// Context ends when the session ends; detached upstream reads use it.
 	Context() context.Context
-	NewStream(kind policy.StreamKind, requestIDs []string) (Stream, error)
+	// NewStream opens a request stream for the JSON-RPC requests ids
+	// (canonical JSON). key identifies the request (ids and body), so a
+	// repeated request can find it.
+	NewStream(ids []string, key [32]byte) (Stream, error)
 	Stream(num uint32) (Stream, bool)
-	// ActiveStreams counts live streams.
-	ActiveStreams() int
-	// Standalone returns the session's standalone GET stream, creating it on
-	// first use, or anew if the previous one failed. It stays live across
-	// upstream GETs.
-	Standalone() (Stream, error)
+	StreamByKey(key [32]byte) (Stream, bool)
+	// AdmitStream reports whether another request stream would be admitted
+	// now (policy.AdmitStream); NewStream decides again.
+	AdmitStream() bool
+	// NextStream is the number the next request stream will get; request
+	// streams below it existed, even if retired since.
+	NextStream() uint32
+	// Standalone returns the session's standalone GET stream (stream 0): one
+	// log for the session's life, fed by successive upstream GETs.
+	Standalone() Stream
+	// Confirm records that a resume proved the session (a cursor minted for
+	// it): an Adopted session counts as Resumed from now on.
+	Confirm()
 	// Touch records client activity, which defers idle expiry.
 	Touch()
 	Info() SessionInfo
@@ -121,38 +171,47 @@ type Session interface {
 type Stream interface {
 	Num() uint32
 	Kind() policy.StreamKind
-	RequestIDs() []string
-	// Append adds an event, blocking while the log is full. The returned seq
-	// is the event's position; response marks the request's final response.
-	Append(ctx context.Context, data []byte, response bool) (uint64, error)
-	Complete()
-	Fail(reason policy.Reason)
 	View() policy.StreamView
-	// Ack records that the client holds everything up to seq (a resume's
-	// cursor): those events go, and later ones count as not delivered.
-	Ack(seq uint64)
-	// Attach returns a reader from seq from, taking the stream over from any
-	// attached reader.
+	// Append adds an event (its SSE fields, without id) framed under the ID
+	// it mints, blocking while the log is full; answers are the request ids
+	// the event answers.
+	Append(ctx context.Context, fields []byte, answers []string) (uint64, error)
+	// Complete ends a request stream whose requests were all answered.
+	Complete()
+	// Fail appends the signals and ends a request stream with reason. On the
+	// standalone stream the signals go in and the stream goes on: it is the
+	// session's for its whole life.
+	Fail(reason policy.Reason, signals ...Signal)
+	// Resume answers a client's Last-Event-ID in one step, so eviction cannot
+	// move the floor between decision and replay: decide sees the stream; for
+	// Noop, Replay, Gap and Ended the client's position ack is acknowledged,
+	// and for Noop, Replay and a Gap that replays a reader is attached at the
+	// decision's From.
+	Resume(ack uint64, decide func(policy.StreamView) policy.Resume) (policy.Resume, Reader, error)
+	// Attach returns a reader from seq from (FromUndelivered: the first event
+	// no client was sent), taking the stream over from any attached reader.
 	Attach(from uint64) (Reader, error)
-	// Resume answers a client's Last-Event-ID (its seq in this stream) in one
-	// step, so eviction cannot move the floor between decision and replay:
-	// decide sees the stream, and for Noop, Replay and Gap the cursor is
-	// acknowledged and, unless the gap ends the stream, a reader attached at
-	// the decision's From.
-	Resume(cursor uint64, decide func(policy.StreamView) policy.Resume) (policy.Resume, Reader, error)
 	// ClaimProducer marks an upstream response as feeding this stream; false
 	// if one already does. ReleaseProducer undoes it.
 	ClaimProducer() bool
 	ReleaseProducer()
-	Producing() bool
+	// Connected reports whether a client reads the stream now.
+	Connected() bool
+	// UpstreamCursor is the upstream's own last event ID on this stream, as
+	// the last producer left it, so the next one can resume the upstream
+	// where it stopped. Never shown to clients.
+	UpstreamCursor() string
+	SetUpstreamCursor(id string)
 }
 
 // Reader delivers a stream's events in order, from history then live.
 type Reader interface {
-	// Read returns the next events (at most cap(buf), in buf's array), blocking
-	// until there is one. At the end it returns io.EOF (complete) or
-	// *FailedError (failed).
-	Read(ctx context.Context, buf []Event) ([]Event, error)
+	// Read returns the next events (at most about maxBytes, in dst's array),
+	// waiting up to idle for one (then ErrIdle). At the end it returns io.EOF
+	// (complete) or *FailedError (failed).
+	Read(ctx context.Context, dst [][]byte, maxBytes int, idle time.Duration) (Batch, error)
+	// Next is the seq of the next event Read returns.
+	Next() uint64
 	// Delivered records that every event up to seq was written and flushed.
 	Delivered(seq uint64)
 	// Done is closed when the reader is taken over or its session ends.
@@ -165,6 +224,7 @@ type SessionInfo struct {
 	ID           string       `json:"id"`
 	Epoch        string       `json:"epoch"`
 	Version      string       `json:"protocol_version"`
+	Origin       string       `json:"origin"`
 	Created      time.Time    `json:"created"`
 	LastActivity time.Time    `json:"last_activity"`
 	Connected    int          `json:"connected_clients"`
@@ -197,4 +257,5 @@ type Stats struct {
 	Producing      int // streams an upstream response is feeding
 	Detached       int // of those, streams no client is reading: the upstream is read for a client that left
 	StalledStreams int
+	Tombstones     int
 }

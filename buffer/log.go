@@ -1,0 +1,281 @@
+package buffer
+
+import (
+	"math/bits"
+	"sort"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// eventLog is one stream's retained events, each framed for clients ("id:"
+// line, the upstream's fields, blank line) and packed back to back in chunks,
+// so appending costs no allocation per event and replay hands out slices of
+// whole runs of events. It is a plain data structure: memStream's mutex
+// guards it, and the byte budget is reserved before it grows.
+//
+// Its size is the capacity it holds (chunk buffers, their indexes, a fixed
+// overhead per chunk), not the bytes of the events in it: a chunk's memory
+// returns only when its last event is evicted, and the bounds must hold on
+// real memory.
+type eventLog struct {
+	epoch string // framing: every ID is <epoch>-<num>-<seq>
+	num   uint32
+
+	chunks      []*chunk // chunks[0] holds the floor, unless the log is empty
+	floor, head uint64   // lowest retained seq (head+1 when empty), last seq assigned
+	live        int64    // framed bytes of the retained events, for chunk sizing
+	size        int64    // capacity held, as counted against the bounds
+	maxChunk    int
+	fixedChunk  int // tests: every chunk this size, or one event's if larger
+
+	// deliveries record that every event up to seq was written and flushed
+	// to a client by at. Deliveries within one quantum share a record that
+	// keeps the latest time, so an event is never taken for delivered
+	// earlier than it was, and a stream holds about window/quantum records.
+	deliveries []delivery
+}
+
+type chunk struct {
+	first uint64   // seq of the chunk's first event
+	buf   []byte   // framed events back to back
+	ends  []uint32 // ends[i]: end offset in buf of event first+i
+}
+
+type delivery struct {
+	seq       uint64
+	since, at int64 // unix nanos of the first and the latest delivery in the record
+}
+
+const (
+	minChunk      = 512
+	chunkOverhead = 64 // the chunk struct and its slot, counted with each chunk
+	indexEntry    = 4  // bytes per event in a chunk's index
+	minIndex      = 16 // index entries a chunk starts with
+)
+
+func newEventLog(epoch string, num uint32, maxChunk int) eventLog {
+	return eventLog{epoch: epoch, num: num, floor: 1, maxChunk: max(maxChunk, minChunk)}
+}
+
+func (c *chunk) last() uint64 { return c.first + uint64(len(c.ends)) - 1 }
+
+func (c *chunk) capacity() int64 {
+	return int64(cap(c.buf)) + int64(cap(c.ends))*indexEntry + chunkOverhead
+}
+
+// span returns the offsets of event seq in the chunk.
+func (c *chunk) span(seq uint64) (start, end uint32) {
+	i := seq - c.first
+	if i > 0 {
+		start = c.ends[i-1]
+	}
+	return start, c.ends[i]
+}
+
+// framedLen is the length of the next event framed around fields.
+func (l *eventLog) framedLen(fields int) int {
+	return len("id: ") + len(l.epoch) + 1 + decimalLen(uint64(l.num)) + 1 + decimalLen(l.head+1) + 1 + fields + 1
+}
+
+func decimalLen(v uint64) int {
+	n := 1
+	for v >= 10 {
+		v /= 10
+		n++
+	}
+	return n
+}
+
+// growth is how many bytes appending an event of n framed bytes adds to the
+// log's size: a new chunk, or a larger index for the last one.
+func (l *eventLog) growth(n int) int64 {
+	if c := l.lastChunk(); c != nil && len(c.buf)+n <= cap(c.buf) {
+		if len(c.ends) < cap(c.ends) {
+			return 0
+		}
+		return int64(cap(c.ends)) * indexEntry // the index doubles
+	}
+	return int64(l.nextChunkCap(n)) + minIndex*indexEntry + chunkOverhead
+}
+
+// nextChunkCap sizes a new chunk: about a quarter of what the log holds, as
+// a power of two between minChunk and maxChunk, so a busy stream gets few
+// large chunks and a quiet one small chunks, wasting little either way; an
+// event larger than that gets a chunk of exactly its size.
+func (l *eventLog) nextChunkCap(n int) int {
+	if l.fixedChunk > 0 {
+		return max(l.fixedChunk, n)
+	}
+	want := max(int(l.live/4), minChunk)
+	c := min(1<<bits.Len(uint(want-1)), l.maxChunk)
+	return max(c, n)
+}
+
+func (l *eventLog) lastChunk() *chunk {
+	if len(l.chunks) == 0 {
+		return nil
+	}
+	return l.chunks[len(l.chunks)-1]
+}
+
+// append frames fields as event head+1 and returns its seq. The caller has
+// reserved growth(framedLen(len(fields))) bytes.
+func (l *eventLog) append(fields []byte) uint64 {
+	n := l.framedLen(len(fields))
+	c := l.lastChunk()
+	if c == nil || len(c.buf)+n > cap(c.buf) {
+		c = &chunk{first: l.head + 1, buf: make([]byte, 0, l.nextChunkCap(n)), ends: make([]uint32, 0, minIndex)}
+		l.chunks = append(l.chunks, c)
+		l.size += c.capacity()
+	} else if len(c.ends) == cap(c.ends) {
+		ends := make([]uint32, len(c.ends), 2*cap(c.ends))
+		copy(ends, c.ends)
+		l.size += int64(cap(c.ends)) * indexEntry
+		c.ends = ends
+	}
+	l.head++
+	c.buf = append(c.buf, "id: "...)
+	c.buf = eventid.Append(c.buf, l.epoch, l.num, l.head)
+	c.buf = append(c.buf, '\n')
+	c.buf = append(c.buf, fields...)
+	c.buf = append(c.buf, '\n')
+	c.ends = append(c.ends, uint32(len(c.buf)))
+	l.live += int64(n)
+	return l.head
+}
+
+// chunkOf returns the index in l.chunks of the chunk holding seq, which must
+// be retained.
+func (l *eventLog) chunkOf(seq uint64) int {
+	return sort.Search(len(l.chunks), func(i int) bool { return l.chunks[i].last() >= seq })
+}
+
+// read appends to dst slices holding events from..to (retained, from <= to),
+// at most maxBytes in all unless the first event alone is larger, and returns
+// them with the last seq they hold. The slices alias the log: an event is
+// never written again once appended, and a slice keeps its memory alive
+// while a client write is under way even if the event is evicted meanwhile.
+func (l *eventLog) read(dst [][]byte, from, to uint64, maxBytes int) ([][]byte, uint64) {
+	last, total := from-1, 0
+	for i := l.chunkOf(from); i < len(l.chunks) && last < to; i++ {
+		c := l.chunks[i]
+		first, stop := last+1, min(to, c.last())
+		start, end := c.span(first)
+		if total > 0 && total+int(end-start) > maxBytes {
+			break
+		}
+		// The last event of first..stop that still fits; ends grow with seq.
+		lo, hi := int(first-c.first), int(stop-c.first)
+		budget := uint32(max(maxBytes-total, int(end-start)))
+		k := lo + sort.Search(hi-lo+1, func(j int) bool { return c.ends[lo+j]-start > budget }) - 1
+		end = c.ends[k]
+		dst = append(dst, c.buf[start:end:end])
+		total += int(end - start)
+		last = c.first + uint64(k)
+		if last < stop {
+			break // maxBytes reached inside this chunk
+		}
+	}
+	return dst, last
+}
+
+// evict drops events floor..seq (seq at most head) and returns the capacity
+// freed: that of the chunks whose events are all gone. When the log empties,
+// its last chunk goes too, so a quiet stream gives its memory back.
+func (l *eventLog) evict(seq uint64) int64 {
+	seq = min(seq, l.head)
+	if seq < l.floor {
+		return 0
+	}
+	for i := l.chunkOf(l.floor); i < len(l.chunks) && l.chunks[i].first <= seq; i++ {
+		c := l.chunks[i]
+		s, _ := c.span(max(l.floor, c.first))
+		_, e := c.span(min(seq, c.last()))
+		l.live -= int64(e - s)
+	}
+	var freed int64
+	k := 0
+	for k < len(l.chunks) && l.chunks[k].last() <= seq {
+		freed += l.chunks[k].capacity()
+		l.chunks[k] = nil
+		k++
+	}
+	if k > 0 {
+		l.chunks = l.chunks[k:]
+		if cap(l.chunks) > 2*len(l.chunks)+8 {
+			l.chunks = append([]*chunk(nil), l.chunks...) // let the old array go
+		}
+	}
+	l.floor = seq + 1
+	l.size -= freed
+	l.pruneDeliveries()
+	return freed
+}
+
+// evictable returns the highest seq that may leave the log now: events go in
+// order while policy.Evictable allows, so the floor only moves up.
+func (l *eventLog) evictable(acked, readerNext uint64, deleted bool, now time.Time, window time.Duration) uint64 {
+	seq := l.floor - 1
+	d := 0
+	for seq < l.head {
+		next := seq + 1
+		for d < len(l.deliveries) && l.deliveries[d].seq < next {
+			d++
+		}
+		v := policy.EventView{Seq: next, Acked: acked, ReaderNext: readerNext, SessionDeleted: deleted}
+		if d < len(l.deliveries) {
+			v.DeliveredAt = time.Unix(0, l.deliveries[d].at)
+		}
+		if !policy.Evictable(v, now, window) {
+			break
+		}
+		seq = next
+	}
+	return seq
+}
+
+// delivered records that events up to seq were written and flushed at now.
+func (l *eventLog) delivered(seq uint64, now int64, quantum time.Duration) {
+	if n := len(l.deliveries); n > 0 {
+		last := &l.deliveries[n-1]
+		if seq <= last.seq {
+			return
+		}
+		if now-last.since < int64(quantum) {
+			last.seq, last.at = seq, now
+			return
+		}
+	}
+	l.deliveries = append(l.deliveries, delivery{seq: seq, since: now, at: now})
+}
+
+// undeliver forgets deliveries past seq: a client that resumes from seq says
+// it holds nothing after it, whatever was written to an earlier connection.
+func (l *eventLog) undeliver(seq uint64) {
+	i := len(l.deliveries)
+	for i > 0 && l.deliveries[i-1].seq > seq {
+		i--
+	}
+	l.deliveries = l.deliveries[:i]
+}
+
+// pruneDeliveries drops records wholly below the floor.
+func (l *eventLog) pruneDeliveries() {
+	i := 0
+	for i < len(l.deliveries) && l.deliveries[i].seq < l.floor {
+		i++
+	}
+	if i > 0 {
+		l.deliveries = append(l.deliveries[:0], l.deliveries[i:]...)
+	}
+}
+
+// release drops everything (the session ended) and returns the capacity freed.
+func (l *eventLog) release() int64 {
+	freed := l.size
+	l.chunks, l.deliveries = nil, nil
+	l.floor, l.live, l.size = l.head+1, 0, 0
+	return freed
+}

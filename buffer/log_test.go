@@ -1,0 +1,206 @@
+package buffer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+)
+
+func logOf(t *testing.T, n, size int) *eventLog {
+	t.Helper()
+	l := new(eventLog)
+	*l = newEventLog("abcdefgh", 7, 64<<10)
+	for i := 1; i <= n; i++ {
+		f := fields(payload(uint64(i), size))
+		before := l.size
+		grow := l.growth(l.framedLen(len(f)))
+		if seq := l.append(f); seq != uint64(i) {
+			t.Fatalf("append %d gave seq %d", i, seq)
+		}
+		if l.size-before != grow {
+			t.Fatalf("append %d grew the log by %d, growth said %d", i, l.size-before, grow)
+		}
+	}
+	return l
+}
+
+// capacityOf recounts what a log holds from its chunks.
+func capacityOf(l *eventLog) int64 {
+	var n int64
+	for _, c := range l.chunks {
+		n += c.capacity()
+	}
+	return n
+}
+
+func TestLogSizeIsItsCapacity(t *testing.T) {
+	for _, size := range []int{1, 100, 1000, 20000, 100000} {
+		l := logOf(t, 300, size)
+		if got := capacityOf(l); got != l.size {
+			t.Fatalf("size %d: log counts %d, holds %d", size, l.size, got)
+		}
+		var framed int64
+		for _, c := range l.chunks {
+			framed += int64(len(c.buf))
+		}
+		// Chunks of about a quarter of what the log holds waste little: at
+		// most a chunk's worth, plus the index and per-chunk overhead.
+		if waste := l.size - framed; waste > framed/2+64<<10 {
+			t.Errorf("size %d: %d framed bytes held in %d bytes of chunks", size, framed, l.size)
+		}
+		for seq := uint64(1); seq <= l.head; seq += 97 {
+			c := l.chunks[l.chunkOf(seq)]
+			s, e := c.span(seq)
+			want := fmt.Sprintf("id: abcdefgh-7-%d\ndata: %s\n\n", seq, payload(seq, size))
+			if string(c.buf[s:e]) != want {
+				t.Fatalf("size %d: event %d framed as %q", size, seq, c.buf[s:e])
+			}
+		}
+	}
+}
+
+func TestLogRead(t *testing.T) {
+	l := logOf(t, 500, 100)
+	one := len(fmt.Sprintf("id: abcdefgh-7-%d\ndata: %s\n\n", 100, payload(1, 100)))
+	for _, tc := range []struct {
+		from, to  uint64
+		maxBytes  int
+		wantLast  uint64
+		wantBytes int
+	}{
+		{1, 500, 1 << 30, 500, -1},
+		{1, 500, 1, 1, -1},             // less than one event: still one
+		{100, 500, 3 * one, 102, 3 * one},
+		{100, 100, 1 << 30, 100, one},
+		{499, 500, 1 << 30, 500, -1},
+	} {
+		data, last := l.read(nil, tc.from, tc.to, tc.maxBytes)
+		all := bytes.Join(data, nil)
+		if last != tc.wantLast || tc.wantBytes >= 0 && len(all) != tc.wantBytes {
+			t.Fatalf("read(%d, %d, %d) = last %d, %d bytes", tc.from, tc.to, tc.maxBytes, last, len(all))
+		}
+		evs, err := decode(Batch{First: tc.from, Last: last, Data: data})
+		if err != nil || len(evs) != int(last-tc.from+1) {
+			t.Fatalf("read(%d, %d): %v, %d events", tc.from, tc.to, err, len(evs))
+		}
+		checkSeqs(t, evs, tc.from, 100)
+	}
+}
+
+func TestLogEvict(t *testing.T) {
+	l := logOf(t, 1000, 100)
+	before := l.size
+	if freed := l.evict(0); freed != 0 || l.floor != 1 {
+		t.Fatal("evicting nothing")
+	}
+	freed := l.evict(600)
+	if l.floor != 601 || freed <= 0 || l.size != before-freed || capacityOf(l) != l.size {
+		t.Fatalf("after evict(600): floor %d freed %d size %d (held %d)", l.floor, freed, l.size, capacityOf(l))
+	}
+	if c := l.chunks[0]; c.first > 601 || c.last() < 601 {
+		t.Fatalf("first chunk %d..%d does not hold the floor", c.first, c.last())
+	}
+	data, last := l.read(nil, 601, 1000, 1<<30)
+	evs, _ := decode(Batch{First: 601, Last: last, Data: data})
+	checkSeqs(t, evs, 601, 100)
+	var live int64
+	for _, e := range evs {
+		live += int64(len(fmt.Sprintf("id: abcdefgh-7-%d\ndata: %s\n\n", e.Seq, e.Data)))
+	}
+	if l.live != live {
+		t.Fatalf("live %d, events hold %d", l.live, live)
+	}
+	// Evicting everything gives every chunk back, the last one too.
+	l.evict(1000)
+	if l.size != 0 || len(l.chunks) != 0 || l.live != 0 || l.floor != 1001 {
+		t.Fatalf("after evicting all: size %d chunks %d live %d floor %d", l.size, len(l.chunks), l.live, l.floor)
+	}
+	l.append(fields([]byte("x")))
+	if l.head != 1001 || l.floor != 1001 {
+		t.Fatalf("append after emptying: head %d floor %d", l.head, l.floor)
+	}
+}
+
+// Delivery records coalesce within a quantum, keep the latest time (so no
+// event is taken for delivered earlier than it was), and stay few.
+func TestLogDeliveries(t *testing.T) {
+	l := logOf(t, 10000, 10)
+	const q = 100 * time.Millisecond
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+	for seq := uint64(1); seq <= 10000; seq++ {
+		l.delivered(seq, t0+int64(seq)*int64(time.Millisecond), q) // one event a millisecond
+	}
+	if n := len(l.deliveries); n > 101 {
+		t.Fatalf("%d delivery records for 10 s at a %v quantum", n, q)
+	}
+	now := time.Unix(0, t0+int64(5*time.Second)+int64(time.Minute))
+	upTo := l.evictable(0, 0, false, now, time.Minute)
+	if upTo == 0 || upTo == 10000 {
+		t.Fatalf("evictable %d: the window must release some but not all", upTo)
+	}
+	// Nothing may go before its own window: event upTo was delivered at
+	// t0+upTo ms, at most the window before now.
+	if delivered := t0 + int64(upTo)*int64(time.Millisecond); now.UnixNano()-delivered < int64(time.Minute) {
+		t.Fatalf("event %d released %v early", upTo, time.Minute-time.Duration(now.UnixNano()-delivered))
+	}
+	if slack := time.Duration(now.UnixNano()-(t0+int64(upTo+1)*int64(time.Millisecond))) - time.Minute; slack > q {
+		t.Fatalf("event %d held %v past its window (quantum %v)", upTo+1, slack, q)
+	}
+	l.undeliver(5000)
+	if last := l.deliveries[len(l.deliveries)-1]; last.seq > 5000 {
+		t.Fatalf("undeliver(5000) kept a record up to %d", last.seq)
+	}
+	// An attached reader holds everything it has yet to read.
+	if got := l.evictable(0, 3, false, now, time.Minute); got != 2 {
+		t.Fatalf("evictable under a reader at 3: %d", got)
+	}
+}
+
+// The review's scenario: streams that cycle many small events within the
+// window, acknowledged up to head-1. What the store counts must be what the
+// heap holds: no evicted event may keep memory the bounds do not see.
+func TestRetainedBytesTrackTheHeap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short: allocates ~100 MB")
+	}
+	st := NewMemoryStore(Options{Limits: bigLimits(), SweepInterval: time.Hour})
+	defer st.Close()
+	s := mustSession(t, st, "cycle")
+	heap := func() int64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapAlloc)
+	}
+	base := heap()
+	var streams []Stream
+	f := fields(make([]byte, 20))
+	for cycle := 0; cycle < 5; cycle++ {
+		str := mustStream(t, s)
+		for i := 0; i < 150000; i++ {
+			if _, err := str.Append(context.Background(), f, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ack(str, 150000-1)
+		streams = append(streams, str)
+	}
+	retained := st.Stats().RetainedBytes
+	grown := heap() - base
+	t.Logf("retained_bytes %d, heap grew %d", retained, grown)
+	// Each stream still holds the chunk of its last event (64 KiB and its
+	// index at most); the 150,000 evicted events of each are gone.
+	if retained > 5*(64<<10+16<<10) {
+		t.Fatalf("retained_bytes %d for 5 streams holding one small event each", retained)
+	}
+	// The heap may hold the session and stream records besides (a few KiB
+	// each); it must not hold what was evicted.
+	if grown > retained+256<<10 {
+		t.Fatalf("heap grew %d bytes, retained_bytes says %d: evicted events still hold memory", grown, retained)
+	}
+	runtime.KeepAlive(streams)
+}

@@ -1,0 +1,135 @@
+package buffer
+
+import (
+	"context"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// memReader reads one memStream for one client connection.
+type memReader struct {
+	s    *memStream
+	next uint64 // guarded by s.mu
+
+	timer  *time.Timer   // reused for idle waits
+	notify chan struct{} // capacity 1: a token tells a waiting Read to look again
+
+	once sync.Once
+	done chan struct{}
+	err  error // why done closed; set before close
+}
+
+func (r *memReader) Done() <-chan struct{} { return r.done }
+
+func (r *memReader) Next() uint64 {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	return r.next
+}
+
+func (r *memReader) close(err error) {
+	r.once.Do(func() {
+		r.err = err
+		close(r.done)
+		r.s.sess.connected.Add(-1)
+		r.s.sess.Touch()
+	})
+}
+
+func (r *memReader) Close() {
+	s := r.s
+	s.mu.Lock()
+	if s.reader == r {
+		s.reader = nil
+		s.attached.Store(false)
+	}
+	s.mu.Unlock()
+	r.close(io.ErrClosedPipe)
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+}
+
+func (r *memReader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time.Duration) (Batch, error) {
+	s := r.s
+	for {
+		select {
+		case <-r.done:
+			return Batch{}, r.err
+		default:
+		}
+		s.mu.Lock()
+		if r.next < s.log.floor {
+			// Events this reader still had to read are gone: a bug that
+			// must never stay silent (the relay signals a gap).
+			lost := s.log.floor - r.next
+			s.mu.Unlock()
+			st := s.sess.store
+			st.counters.EventsEvictedBeforeAck.Add(lost)
+			if h := st.opts.Hooks.EvictedBeforeAck; h != nil {
+				h(s.sess.id, s.num, r.next, lost)
+			}
+			return Batch{}, ErrBelowFloor
+		}
+		if r.next <= s.log.head {
+			data, last := s.log.read(dst[:0], r.next, s.log.head, maxBytes)
+			b := Batch{First: r.next, Last: last, Data: data}
+			r.next = last + 1
+			s.mu.Unlock()
+			return b, nil
+		}
+		switch s.state {
+		case policy.Complete:
+			s.mu.Unlock()
+			return Batch{}, io.EOF
+		case policy.Failed:
+			reason := s.failReason
+			s.mu.Unlock()
+			return Batch{}, &FailedError{Reason: reason}
+		}
+		if s.kind == policy.StandaloneStream && !s.producing.Load() {
+			s.mu.Unlock()
+			return Batch{}, ErrProducerGone
+		}
+		s.waiting = true
+		s.mu.Unlock()
+		if err := r.wait(ctx, idle); err != nil {
+			return Batch{}, err
+		}
+	}
+}
+
+func (r *memReader) wait(ctx context.Context, idle time.Duration) error {
+	if r.timer == nil {
+		r.timer = time.NewTimer(idle)
+	} else {
+		r.timer.Reset(idle)
+	}
+	defer r.timer.Stop()
+	select {
+	case <-r.notify:
+		return nil
+	case <-r.done:
+		return nil // Read returns r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.timer.C:
+		return ErrIdle
+	}
+}
+
+func (r *memReader) Delivered(seq uint64) {
+	s := r.s
+	st := s.sess.store
+	now := st.now().UnixNano()
+	s.mu.Lock()
+	if s.reader == r && seq > s.delivered && seq <= s.log.head {
+		s.log.delivered(seq, now, st.deliveryQuantum())
+		s.delivered = seq
+		s.lastSent.Store(now)
+	}
+	s.mu.Unlock()
+}

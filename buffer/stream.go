@@ -1,0 +1,356 @@
+package buffer
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// memStream is one retention log of a MemoryStore.
+type memStream struct {
+	sess *memSession
+	num  uint32
+	kind policy.StreamKind
+	key  [32]byte // identifies a request stream's request, for repeated requests
+
+	producing atomic.Bool
+	stalled   atomic.Bool
+	attached  atomic.Bool  // a reader is attached (mirrors reader != nil for the budget)
+	opened    atomic.Bool  // a client or producer ever used it (request streams: always)
+	lastSent  atomic.Int64 // unix nanos of the last delivery, for the stall clock
+
+	bytes int64 // capacity held, guarded by store.budget.mu
+
+	mu         sync.Mutex
+	log        eventLog
+	requests   []policy.RequestView // the JSON-RPC requests a request stream answers
+	acked      uint64
+	delivered  uint64 // highest seq delivered (and not un-delivered by an ack)
+	state      policy.StreamState
+	failReason policy.Reason
+	endedAt    time.Time
+	upstream   string // the upstream's last event ID, as the last producer left it
+	reader     *memReader
+	waiting    bool          // the reader waits on its notify channel
+	done       chan struct{} // closed when the stream ends
+}
+
+func newStream(sess *memSession, num uint32, kind policy.StreamKind, ids []string, key [32]byte, maxChunk int) *memStream {
+	s := &memStream{
+		sess: sess, num: num, kind: kind, key: key,
+		log:  newEventLog(sess.epoch, num, maxChunk),
+		done: make(chan struct{}),
+	}
+	for _, id := range ids {
+		s.requests = append(s.requests, policy.RequestView{ID: id})
+	}
+	s.opened.Store(kind == policy.RequestStream)
+	s.log.fixedChunk = sess.store.opts.chunkSize
+	return s
+}
+
+func (s *memStream) Num() uint32             { return s.num }
+func (s *memStream) Kind() policy.StreamKind { return s.kind }
+
+func (s *memStream) ClaimProducer() bool {
+	s.opened.Store(true)
+	return s.producing.CompareAndSwap(false, true)
+}
+
+func (s *memStream) Connected() bool { return s.attached.Load() }
+
+func (s *memStream) UpstreamCursor() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.upstream
+}
+
+func (s *memStream) SetUpstreamCursor(id string) {
+	s.mu.Lock()
+	s.upstream = id
+	s.mu.Unlock()
+}
+
+func (s *memStream) ReleaseProducer() {
+	s.mu.Lock()
+	s.producing.Store(false)
+	s.wakeLocked() // a caught-up standalone reader ends (ErrProducerGone)
+	s.mu.Unlock()
+}
+
+// wakeLocked tells a waiting reader to look again.
+func (s *memStream) wakeLocked() {
+	if s.waiting && s.reader != nil {
+		s.waiting = false
+		select {
+		case s.reader.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *memStream) View() policy.StreamView {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.viewLocked()
+}
+
+func (s *memStream) viewLocked() policy.StreamView {
+	return policy.StreamView{Kind: s.kind, State: s.state, Floor: s.log.floor, Head: s.log.head,
+		Requests: append([]policy.RequestView(nil), s.requests...)}
+}
+
+// progressSince is when the stall of an append blocked since blockedAt
+// counts from: the client's last delivery if later, or now while the client
+// has every event retained (it is keeping up; the window holds the room).
+func (s *memStream) progressSince(blockedAt, now time.Time) time.Time {
+	s.mu.Lock()
+	caughtUp := s.delivered >= s.log.head
+	s.mu.Unlock()
+	if caughtUp {
+		return now
+	}
+	if sent := time.Unix(0, s.lastSent.Load()); sent.After(blockedAt) {
+		return sent
+	}
+	return blockedAt
+}
+
+func (s *memStream) Append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
+	st := s.sess.store
+	var reserved int64
+	for {
+		s.mu.Lock()
+		if s.state != policy.Live {
+			s.mu.Unlock()
+			st.budget.release(s, reserved)
+			return 0, ErrStreamEnded
+		}
+		need := s.log.growth(s.log.framedLen(len(fields)))
+		if need <= reserved {
+			seq := s.appendLocked(fields, answers)
+			s.mu.Unlock()
+			st.budget.release(s, reserved-need)
+			st.counters.EventsEnqueued.Add(1)
+			return seq, nil
+		}
+		s.mu.Unlock()
+		// Reserve outside the stream's lock: a blocked append must not hold
+		// up readers and acks, which are what free room.
+		if err := st.reserve(ctx, s, need-reserved); err != nil {
+			st.budget.release(s, reserved)
+			return 0, err
+		}
+		reserved = need
+	}
+}
+
+// appendLocked writes an event whose bytes are accounted for.
+func (s *memStream) appendLocked(fields []byte, answers []string) uint64 {
+	seq := s.log.append(fields)
+	for _, id := range answers {
+		for i := range s.requests {
+			if s.requests[i].ID == id && s.requests[i].AnsweredAt == 0 {
+				s.requests[i].AnsweredAt = seq
+			}
+		}
+	}
+	s.wakeLocked()
+	return seq
+}
+
+func (s *memStream) Complete() {
+	if s.kind == policy.RequestStream {
+		s.finish(policy.Complete, "")
+	}
+}
+
+func (s *memStream) Fail(reason policy.Reason, signals ...Signal) {
+	st := s.sess.store
+	s.mu.Lock()
+	if s.state != policy.Live {
+		s.mu.Unlock()
+		return
+	}
+	for _, sig := range signals {
+		n := s.log.growth(s.log.framedLen(len(sig.Fields)))
+		st.budget.take(s, n)
+		s.appendLocked(sig.Fields, sig.Answers)
+		st.counters.EventsEnqueued.Add(1)
+	}
+	s.mu.Unlock()
+	if s.kind == policy.RequestStream {
+		s.finish(policy.Failed, reason)
+	}
+	st.counters.addFailed(reason)
+	if h := st.opts.Hooks.StreamFailed; h != nil {
+		h(s.sess.id, s.num, reason)
+	}
+}
+
+func (s *memStream) finish(state policy.StreamState, reason policy.Reason) bool {
+	s.mu.Lock()
+	if s.state != policy.Live {
+		s.mu.Unlock()
+		return false
+	}
+	s.state, s.failReason, s.endedAt = state, reason, s.sess.store.now()
+	close(s.done)
+	s.wakeLocked()
+	s.mu.Unlock()
+	s.sess.streamEnded(s)
+	return true
+}
+
+// end drops a stream with its session: every event goes.
+func (s *memStream) end(reason policy.Reason) {
+	if s.kind == policy.RequestStream && s.finish(policy.Failed, reason) {
+		s.sess.store.counters.addFailed(reason)
+	}
+	s.mu.Lock()
+	if s.kind == policy.StandaloneStream && s.state == policy.Live {
+		s.state, s.failReason = policy.Failed, reason
+		close(s.done)
+	}
+	n := s.log.head - s.log.floor + 1
+	freed := s.log.release()
+	r := s.reader
+	s.reader = nil
+	s.attached.Store(false)
+	s.wakeLocked()
+	s.mu.Unlock()
+	if r != nil {
+		r.close(ErrSessionGone)
+	}
+	s.sess.store.counters.EventsEvicted.Add(n)
+	s.sess.store.budget.release(s, freed)
+}
+
+func (s *memStream) Resume(ack uint64, decide func(policy.StreamView) policy.Resume) (policy.Resume, Reader, error) {
+	s.mu.Lock()
+	d := decide(s.viewLocked())
+	switch d.Kind {
+	case policy.Noop, policy.Replay, policy.Gap, policy.Ended:
+	default:
+		s.mu.Unlock()
+		return d, nil, nil
+	}
+	freed := s.ackLocked(ack)
+	var r, old *memReader
+	var err error
+	if d.Kind != policy.Ended && (d.Kind != policy.Gap || d.Then == policy.ThenReplay) {
+		r, old, err = s.attachLocked(d.From)
+	}
+	s.mu.Unlock()
+	s.sess.store.budget.release(s, freed)
+	s.afterAttach(r, old)
+	if r == nil {
+		return d, nil, err
+	}
+	return d, r, nil
+}
+
+// ackLocked records the client's position and returns the bytes freed.
+func (s *memStream) ackLocked(seq uint64) int64 {
+	seq = min(seq, s.log.head)
+	s.acked = max(s.acked, seq)
+	// The client says it holds nothing past seq: what was written to an
+	// earlier connection past that point never arrived.
+	if s.delivered > seq {
+		s.log.undeliver(seq)
+		s.delivered = seq
+	}
+	return s.evictLocked(s.sess.store.now(), s.sess.store.Limits().ResumeWindow)
+}
+
+// evict drops the events at the front that policy allows to go, returning
+// the bytes freed.
+func (s *memStream) evict(now time.Time, window time.Duration) int64 {
+	s.mu.Lock()
+	n := s.evictLocked(now, window)
+	s.mu.Unlock()
+	s.sess.store.budget.release(s, n)
+	return n
+}
+
+func (s *memStream) evictLocked(now time.Time, window time.Duration) int64 {
+	var readerNext uint64
+	if s.reader != nil {
+		readerNext = s.reader.next
+	}
+	upTo := s.log.evictable(s.acked, readerNext, false, now, window)
+	if upTo < s.log.floor {
+		return 0
+	}
+	s.sess.store.counters.EventsEvicted.Add(upTo - s.log.floor + 1)
+	return s.log.evict(upTo)
+}
+
+// retirable reports whether an ended stream holds nothing a client could
+// still get: its record may go.
+func (s *memStream) retirable() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state != policy.Live && s.log.floor > s.log.head && s.reader == nil
+}
+
+func (s *memStream) Attach(from uint64) (Reader, error) {
+	s.mu.Lock()
+	r, old, err := s.attachLocked(from)
+	s.mu.Unlock()
+	s.afterAttach(r, old)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+func (s *memStream) attachLocked(from uint64) (r, old *memReader, err error) {
+	if from == FromUndelivered {
+		from = max(s.delivered+1, s.log.floor)
+	}
+	if from < s.log.floor {
+		return nil, nil, ErrBelowFloor
+	}
+	if s.sess.ctx.Err() != nil {
+		return nil, nil, ErrSessionGone
+	}
+	s.opened.Store(true)
+	old = s.reader
+	r = &memReader{s: s, next: from, done: make(chan struct{}), notify: make(chan struct{}, 1)}
+	s.reader = r
+	s.attached.Store(true)
+	return r, old, nil
+}
+
+// afterAttach does, without the stream lock, what attaching entails.
+func (s *memStream) afterAttach(r, old *memReader) {
+	if r == nil {
+		return
+	}
+	s.sess.connected.Add(1)
+	s.sess.Touch()
+	if old != nil {
+		old.close(ErrTakenOver)
+	}
+}
+
+func (s *memStream) info() StreamInfo {
+	s.mu.Lock()
+	si := StreamInfo{
+		Num: s.num, Kind: s.kind.String(), State: s.state.String(), FailReason: string(s.failReason),
+		Floor: s.log.floor, Head: s.log.head, Acked: s.acked, Connected: s.reader != nil,
+		Producing: s.producing.Load(), Stalled: s.stalled.Load(),
+	}
+	for _, r := range s.requests {
+		si.RequestIDs = append(si.RequestIDs, r.ID)
+	}
+	s.mu.Unlock()
+	s.sess.store.budget.mu.Lock()
+	si.Bytes = s.bytes
+	s.sess.store.budget.mu.Unlock()
+	return si
+}
