@@ -4,10 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"sort"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
@@ -18,7 +21,7 @@ func init() {
 // adminAPI serves mcp-resume's view on Caddy's admin endpoint:
 //
 //	GET    /mcp_resume/sessions       all sessions with their streams
-//	GET    /mcp_resume/sessions/<id>  one session
+//	GET    /mcp_resume/sessions/<id>  one session (the id path-escaped: / as %2F)
 //	DELETE /mcp_resume/sessions/<id>  purge one session's logs
 //
 // It shows positions and sizes, never event payloads.
@@ -42,34 +45,49 @@ func (a adminAPI) Routes() []caddy.AdminRoute {
 	}
 }
 
+// sessionView is one session as the admin API shows it: with its zone.
+type sessionView struct {
+	Zone string `json:"zone"`
+	buffer.SessionInfo
+}
+
 func (adminAPI) handleList(w http.ResponseWriter, r *http.Request) error {
 	if r.Method != http.MethodGet {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
 	}
-	st, ok := currentStore()
-	if !ok {
-		return writeJSON(w, []any{})
-	}
-	return writeJSON(w, st.Sessions())
+	out := []sessionView{}
+	eachStore(func(name string, st buffer.Store) {
+		for _, s := range st.Sessions() {
+			out = append(out, sessionView{Zone: name, SessionInfo: s})
+		}
+	})
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return writeJSON(w, out)
 }
 
 func (adminAPI) handleSession(w http.ResponseWriter, r *http.Request) error {
-	id := strings.TrimPrefix(r.URL.Path, adminPrefix+"/")
-	if id == "" || strings.Contains(id, "/") {
-		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("expected %s/<session id>", adminPrefix)}
+	// Session IDs are any visible ASCII, "/" included: the path carries them
+	// escaped.
+	id, err := url.PathUnescape(strings.TrimPrefix(r.URL.EscapedPath(), adminPrefix+"/"))
+	if id == "" || err != nil {
+		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("expected %s/<session id, path-escaped>", adminPrefix)}
 	}
-	st, ok := currentStore()
-	if !ok {
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("mcp_resume is not configured")}
-	}
-	sess, ok := st.Session(id)
+	found := false
+	var view sessionView
+	var store buffer.Store
+	eachStore(func(name string, st buffer.Store) {
+		if sess, ok := st.Session(id); ok && !found {
+			found, store = true, st
+			view = sessionView{Zone: name, SessionInfo: sess.Info()}
+		}
+	})
 	switch {
-	case !ok:
+	case !found:
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no session %q", id)}
 	case r.Method == http.MethodGet:
-		return writeJSON(w, sess.Info())
+		return writeJSON(w, view)
 	case r.Method == http.MethodDelete:
-		st.Delete(id, policy.ReasonPurged)
+		store.Delete(id, policy.ReasonPurged)
 		w.WriteHeader(http.StatusNoContent)
 		return nil
 	}

@@ -38,6 +38,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    session_idle_timeout    <duration>
 //	    keepalive               <duration>
 //	    bind_headers            <header...>
+//	    zone                    <name>
 //	}
 //
 // Sizes take units (16MiB, 512MB, 1GiB); durations take Caddy's units (90s, 2m, 1d).
@@ -90,6 +91,10 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			h.BindHeaders = d.RemainingArgs()
 			if len(h.BindHeaders) == 0 {
 				return d.Errf("bind_headers: expected one or more header names")
+			}
+		case "zone":
+			if !d.AllArgs(&h.Zone) {
+				return d.Errf("zone: expected one name, e.g. zone site_a")
 			}
 		default:
 			return d.Errf("unrecognized mcp_resume subdirective %q", name)

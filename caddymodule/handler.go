@@ -1,7 +1,15 @@
 // Package caddymodule is the Caddy glue of mcp-resume: the http.handlers.mcp_resume
 // middleware, its Caddyfile directive, its admin API and its metrics. The
-// retention logs live in package buffer and the decisions in package policy;
+// retention logs live in package buffer and the rules in package policy;
 // this package translates HTTP into calls on them.
+//
+// Files by concept: handler.go (the module and request dispatch), config.go
+// (defaults and validation), caddyfile.go, protocol.go (what the proxy knows
+// of Streamable HTTP), initialize.go (learning sessions), calls.go (POSTs
+// with requests), tap.go (the one upstream tap), relay.go (log to client),
+// resume.go (GET with Last-Event-ID), standalone.go (the GET stream and
+// adoption), signals.go (gap events and errors), delete.go, zone.go (the
+// stores), admin.go, metrics.go.
 package caddymodule
 
 import (
@@ -10,8 +18,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"net/http"
-	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
@@ -19,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
@@ -26,28 +33,13 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// Defaults, chosen so ordinary MCP traffic (small progress notifications,
-// results of a few MiB) never meets backpressure.
-const (
-	DefaultResumeWindow         = 2 * time.Minute
-	DefaultMaxStreamBytes       = 16 << 20
-	DefaultMaxSessionBytes      = 64 << 20
-	DefaultMaxTotalBytes        = 512 << 20
-	DefaultMaxEventBytes        = 8 << 20
-	DefaultMaxRequestBytes      = 8 << 20
-	DefaultMaxSessions          = 10000
-	DefaultMaxStreamsPerSession = 256
-	DefaultStallTimeout         = 2 * time.Minute
-	DefaultSessionIdleTimeout   = 10 * time.Minute
-	DefaultKeepalive            = 15 * time.Second
-)
-
 // Handler makes the SSE streams of MCP servers (Streamable HTTP, protocol
 // versions 2025-03-26, 2025-06-18 and 2025-11-25) resumable. It taps every SSE
 // response into a per-session, per-stream retention log under IDs it mints,
-// keeps reading the upstream after the client leaves, answers GET with
-// Last-Event-ID from the log, and slows the upstream down instead of dropping
-// events. Other traffic, including MCP 2026-07-28, passes through untouched.
+// keeps reading the upstream after the client leaves (and follows an upstream
+// that closes a stream early), answers GET with Last-Event-ID from the log,
+// and slows the upstream down instead of dropping events. Other traffic,
+// including MCP 2026-07-28, passes through untouched.
 //
 // Put it before reverse_proxy (the Caddyfile directive is ordered there).
 type Handler struct {
@@ -63,26 +55,28 @@ type Handler struct {
 	// Bound on retained bytes per session. Default: 64 MiB.
 	MaxSessionBytes int64 `json:"max_session_bytes,omitempty"`
 
-	// Bound on retained bytes in the whole process. Default: 512 MiB.
+	// Bound on retained bytes in the zone. A quarter of it is kept for
+	// streams a client is reading. Default: 512 MiB.
 	MaxTotalBytes int64 `json:"max_total_bytes,omitempty"`
 
-	// Bound on one upstream SSE event; a larger event fails its stream.
-	// Default: 8 MiB.
+	// Bound on one upstream SSE event (its fields as retained); a larger
+	// event fails its stream. Default: 8 MiB.
 	MaxEventBytes int64 `json:"max_event_bytes,omitempty"`
 
 	// Bound on a POST body the handler inspects; larger bodies get 413.
 	// Default: 8 MiB.
 	MaxRequestBytes int64 `json:"max_request_bytes,omitempty"`
 
-	// Bound on sessions held; beyond it initialize gets 503. Default: 10000.
+	// Bound on sessions held; beyond it initialize gets 503. Sessions
+	// adopted on a POST alone have a quarter of it of their own. Default: 10000.
 	MaxSessions int `json:"max_sessions,omitempty"`
 
-	// Bound on live (or still retained) streams per session; beyond it a
-	// request gets 503. Default: 256.
+	// Bound on calls running at once per session (live request streams);
+	// beyond it a request gets 503. Default: 256.
 	MaxStreamsPerSession int `json:"max_streams_per_session,omitempty"`
 
-	// How long a full log may block its upstream before the stream fails with
-	// reason "stalled". Default: 2m.
+	// How long a full log may hold its upstream paused while its client makes
+	// no progress before the stream fails with reason "stalled". Default: 2m.
 	StallTimeout caddy.Duration `json:"stall_timeout,omitempty"`
 
 	// How long a session with no connected client is kept; its detached
@@ -94,8 +88,14 @@ type Handler struct {
 
 	// Request headers whose values bind a session at initialize; a later
 	// request or resume with different values gets 403. Only a keyed hash is
-	// kept. Default: ["Authorization"].
+	// kept, with the header list itself: changing bind_headers on reload
+	// applies to new sessions. Default: ["Authorization"].
 	BindHeaders []string `json:"bind_headers,omitempty"`
+
+	// The retention store this handler uses. Handlers in one zone share
+	// sessions and limits; sites with different upstreams should each have
+	// their own. Default: "default".
+	Zone string `json:"zone,omitempty"`
 
 	zone   *zone
 	logger *zap.Logger
@@ -109,14 +109,14 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision sets defaults and attaches the shared retention store.
+// Provision sets defaults and attaches the zone's retention store.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.setDefaults()
 	if err := h.Validate(); err != nil {
 		return err
 	}
-	z, err := loadZone(h.limits(), h.logger)
+	z, err := loadZone(h.Zone, h.limits(), h.logger)
 	if err != nil {
 		return err
 	}
@@ -139,110 +139,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	return nil
 }
 
-func (h *Handler) setDefaults() {
-	setDur := func(d *caddy.Duration, def time.Duration) {
-		if *d == 0 {
-			*d = caddy.Duration(def)
-		}
-	}
-	setDur(&h.ResumeWindow, DefaultResumeWindow)
-	setDur(&h.StallTimeout, DefaultStallTimeout)
-	setDur(&h.SessionIdleTimeout, DefaultSessionIdleTimeout)
-	setDur(&h.Keepalive, DefaultKeepalive)
-	setInt := func(v *int64, def int64) {
-		if *v == 0 {
-			*v = def
-		}
-	}
-	setInt(&h.MaxStreamBytes, DefaultMaxStreamBytes)
-	setInt(&h.MaxSessionBytes, DefaultMaxSessionBytes)
-	setInt(&h.MaxTotalBytes, DefaultMaxTotalBytes)
-	setInt(&h.MaxRequestBytes, DefaultMaxRequestBytes)
-	if h.MaxEventBytes == 0 {
-		h.MaxEventBytes = min(DefaultMaxEventBytes, h.MaxStreamBytes/2)
-	}
-	if h.MaxSessions == 0 {
-		h.MaxSessions = DefaultMaxSessions
-	}
-	if h.MaxStreamsPerSession == 0 {
-		h.MaxStreamsPerSession = DefaultMaxStreamsPerSession
-	}
-	if h.BindHeaders == nil {
-		h.BindHeaders = []string{"Authorization"}
-	}
-}
-
-// Validate checks the configuration; errors name the subdirective.
-func (h *Handler) Validate() error {
-	if h.MaxStreamBytes > 0 && h.MaxStreamBytes < 8<<10 {
-		return fmt.Errorf("mcp_resume: max_stream_bytes (%d) is too small; use at least 8KiB", h.MaxStreamBytes)
-	}
-	if h.MaxEventBytes > 0 && h.MaxEventBytes < 1<<10 {
-		return fmt.Errorf("mcp_resume: max_event_bytes (%d) is too small for MCP messages; use at least 1KiB", h.MaxEventBytes)
-	}
-	type pos struct {
-		name string
-		v    int64
-	}
-	for _, p := range []pos{
-		{"resume_window", int64(h.ResumeWindow)}, {"stall_timeout", int64(h.StallTimeout)},
-		{"session_idle_timeout", int64(h.SessionIdleTimeout)}, {"keepalive", int64(h.Keepalive)},
-		{"max_stream_bytes", h.MaxStreamBytes}, {"max_session_bytes", h.MaxSessionBytes},
-		{"max_total_bytes", h.MaxTotalBytes}, {"max_event_bytes", h.MaxEventBytes},
-		{"max_request_bytes", h.MaxRequestBytes}, {"max_sessions", int64(h.MaxSessions)},
-		{"max_streams_per_session", int64(h.MaxStreamsPerSession)},
-	} {
-		if p.v < 0 {
-			return fmt.Errorf("mcp_resume: %s must be positive, got %d", p.name, p.v)
-		}
-	}
-	switch {
-	case h.MaxEventBytes+buffer.EventOverhead > h.MaxStreamBytes:
-		return fmt.Errorf("mcp_resume: max_event_bytes (%d) must be smaller than max_stream_bytes (%d), or the largest event could never be retained", h.MaxEventBytes, h.MaxStreamBytes)
-	case h.MaxStreamBytes > h.MaxSessionBytes:
-		return fmt.Errorf("mcp_resume: max_stream_bytes (%d) must not exceed max_session_bytes (%d)", h.MaxStreamBytes, h.MaxSessionBytes)
-	case h.MaxSessionBytes > h.MaxTotalBytes:
-		return fmt.Errorf("mcp_resume: max_session_bytes (%d) must not exceed max_total_bytes (%d)", h.MaxSessionBytes, h.MaxTotalBytes)
-	case time.Duration(h.Keepalive) < 100*time.Millisecond:
-		return fmt.Errorf("mcp_resume: keepalive (%s) is too short; use at least 100ms", time.Duration(h.Keepalive))
-	case time.Duration(h.Keepalive) >= time.Minute:
-		return fmt.Errorf("mcp_resume: keepalive (%s) must be under 1m, Caddy's default write idle timeout, or idle streams are cut", time.Duration(h.Keepalive))
-	}
-	for _, name := range h.BindHeaders {
-		if name == "" || strings.ContainsAny(name, " :\r\n") {
-			return fmt.Errorf("mcp_resume: bind_headers: %q is not a header name", name)
-		}
-	}
-	return nil
-}
-
-func (h *Handler) limits() buffer.Limits {
-	return buffer.Limits{
-		MaxStreamBytes:       h.MaxStreamBytes,
-		MaxSessionBytes:      h.MaxSessionBytes,
-		MaxTotalBytes:        h.MaxTotalBytes,
-		MaxSessions:          h.MaxSessions,
-		MaxStreamsPerSession: h.MaxStreamsPerSession,
-		ResumeWindow:         time.Duration(h.ResumeWindow),
-		StallTimeout:         time.Duration(h.StallTimeout),
-		SessionIdleTimeout:   time.Duration(h.SessionIdleTimeout),
-	}
-}
-
-// Cleanup releases this instance's hold on the shared store.
+// Cleanup releases this instance's hold on its zone.
 func (h *Handler) Cleanup() error {
 	if h.zone != nil {
-		return releaseZone()
+		return releaseZone(h.Zone)
 	}
 	return nil
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	sid, ok := sessionIDOf(r)
+	if !ok {
+		return h.reject(w, "", "", http.StatusBadRequest, "more than one Mcp-Session-Id")
+	}
 	// Any request naming a session the proxy holds (or remembers) must carry
 	// its credentials, whatever its method, version, content type or body:
 	// checked first, so no path around it exists.
-	if sid := r.Header.Get(hdrSessionID); sid != "" && !h.sessionCredentialOK(r, sid) {
+	if !policy.Authorize(h.access(r, sid)) {
 		credentialRejections.Inc()
 		lastID := r.Header.Get(hdrLastEventID)
 		if r.Method == http.MethodGet && lastID != "" {
@@ -252,22 +166,38 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	switch r.Method {
 	case http.MethodPost:
-		return h.servePost(w, r, next)
+		return h.servePost(w, r, next, sid)
 	case http.MethodGet:
 		if acceptsSSE(r) {
-			return h.serveGet(w, r, next)
+			return h.serveGet(w, r, next, sid)
 		}
 	case http.MethodDelete:
-		return h.serveDelete(w, r, next)
+		return h.serveDelete(w, r, next, sid)
 	}
 	return next.ServeHTTP(w, r)
 }
 
-// fingerprint is the keyed hash of the bound headers; the raw values are
-// never kept.
-func (h *Handler) fingerprint(r *http.Request) [32]byte {
-	mac := hmac.New(sha256.New, h.zone.key)
-	for _, name := range h.BindHeaders {
+// access is what the proxy knows of the session a request names, for
+// policy.Authorize.
+func (h *Handler) access(r *http.Request, sid string) policy.Access {
+	a := policy.Access{Named: sid != ""}
+	if !a.Named {
+		return a
+	}
+	if sess, ok := h.zone.store.Session(sid); ok {
+		m := sess.Meta()
+		a.Remembered, a.CredentialsMatch = true, h.credentialsMatch(r, m.BindHeaders, m.Fingerprint)
+	} else if tomb, ok := h.zone.store.Tombstone(sid); ok {
+		a.Remembered, a.CredentialsMatch = true, h.credentialsMatch(r, tomb.BindHeaders, tomb.Fingerprint)
+	}
+	return a
+}
+
+// fingerprint is the keyed hash of the bound headers' values; the raw
+// values are never kept. headers is the list the session was bound with.
+func (h *Handler) fingerprint(r *http.Request, headers []string) [32]byte {
+	mac := hmac.New(sha256.New, h.zone.store.Key())
+	for _, name := range headers {
 		for _, v := range r.Header.Values(name) {
 			mac.Write([]byte(name))
 			mac.Write([]byte{0})
@@ -281,21 +211,24 @@ func (h *Handler) fingerprint(r *http.Request) [32]byte {
 	return fp
 }
 
-// sessionCredentialOK checks a request against the session it names, held
-// or remembered; a session the proxy knows nothing of has nothing to check.
-func (h *Handler) sessionCredentialOK(r *http.Request, sid string) bool {
-	if sess, ok := h.zone.store.Session(sid); ok {
-		return h.credentialOK(r, sess.Meta().Fingerprint)
-	}
-	if tomb, ok := h.zone.store.Tombstone(sid); ok {
-		return h.credentialOK(r, tomb.Fingerprint)
-	}
-	return true
+func (h *Handler) credentialsMatch(r *http.Request, headers []string, want [32]byte) bool {
+	got := h.fingerprint(r, headers)
+	return hmac.Equal(got[:], want[:])
 }
 
-func (h *Handler) credentialOK(r *http.Request, want [32]byte) bool {
-	got := h.fingerprint(r)
-	return hmac.Equal(got[:], want[:])
+// sessionMeta is what a new session is bound with: the request's
+// credentials under this handler's bind_headers.
+func (h *Handler) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
+	return buffer.SessionMeta{Version: version, Fingerprint: h.fingerprint(r, h.BindHeaders),
+		BindHeaders: append([]string(nil), h.BindHeaders...), Origin: origin}
+}
+
+// reject answers a request the proxy refuses, with a JSON-RPC error body.
+func (h *Handler) reject(w http.ResponseWriter, sid, lastID string, status int, detail string) error {
+	h.logger.Warn("request rejected", zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)),
+		zap.Int("status", status), zap.String("why", detail))
+	writeError(w, status, jsonrpc.CodeResumeDenied, "", "mcp-resume: "+detail)
+	return nil
 }
 
 // detach returns a context for an upstream request that outlives the client

@@ -5,41 +5,48 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// Metric names are caddy_mcp_resume_*. Counters kept by the store and by this
-// package live as long as the process, so a config reload never resets them.
+// Metric names are caddy_mcp_resume_*. Counters kept by the stores and by
+// this package live as long as the process, so a config reload never resets
+// them. Store figures are summed over zones.
 const namespace, subsystem = "caddy", "mcp_resume"
 
 func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help}, labels)
 }
 
+func newCounter(name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: name, Help: help})
+}
+
 var (
 	resumes = newCounterVec("resumes_total",
-		"Resumes (GET with Last-Event-ID) by outcome: replayed, noop, gap, rejected, adopted, pass_through.", "outcome")
+		"Resumes (GET with Last-Event-ID) by outcome: replayed, noop, gap, rejected, adopted, ended, pass_through.", "outcome")
 	gaps = newCounterVec("gaps_total",
-		"Gap signals sent to clients, by reason.", "reason")
+		"Gap signals sent to resuming clients, by reason.", "reason")
 	limitsHit = newCounterVec("limit_rejections_total",
-		"Requests refused or streams failed because a configured limit was reached, by limit.", "limit")
-	credentialRejections = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "credential_rejections_total",
-		Help: "Requests refused with 403 because their bind_headers differ from the session's."})
-	retriesServed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "repeated_requests_total",
-		Help: "Repeated requests (same session, ids and body) answered from the retained stream instead of running again."})
-	replayed = prometheus.NewCounter(prometheus.CounterOpts{Namespace: namespace, Subsystem: subsystem, Name: "replayed_events_total",
-		Help: "Events written to resuming clients from the log (those the client had missed)."})
-
-	metrics = struct{ stallSeconds prometheus.Histogram }{
-		stallSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: namespace, Subsystem: subsystem, Name: "backpressure_stall_seconds",
-			Help:    "How long appends waited for room in a full log (the upstream was not read meanwhile).",
-			Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-		}),
-	}
+		"Requests refused, passed through or streams failed because a configured limit was reached, by limit.", "limit")
+	upstreamReconnects = newCounterVec("upstream_reconnects_total",
+		"GETs with the upstream's Last-Event-ID (or, on the standalone stream, without one) that resumed an upstream stream that ended early, by outcome: resumed, failed, refused, exhausted.", "outcome")
+	untapped = newCounterVec("untapped_total",
+		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused.", "reason")
+	credentialRejections = newCounter("credential_rejections_total",
+		"Requests refused with 403 because their bind_headers differ from the session's.")
+	retriesServed = newCounter("repeated_requests_total",
+		"Repeated requests (same session, ids and body) answered from the retained stream instead of running again.")
+	replayed = newCounter("replayed_events_total",
+		"Events written to resuming clients from the log (those the client had missed).")
+	stallSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: namespace, Subsystem: subsystem, Name: "backpressure_stall_seconds",
+		Help:    "How long appends waited for room in a full log (the upstream was not read meanwhile).",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	})
 )
 
-// storeCollector reads the live store's counters and gauges at scrape time.
+// storeCollector reads the live stores' counters and gauges at scrape time.
 type storeCollector struct{}
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -49,48 +56,75 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 var (
 	descEnqueued       = desc("events_enqueued_total", "Events appended to retention logs.")
 	descEvicted        = desc("events_evicted_total", "Events evicted after they were acknowledged or their resume window passed.")
-	descEvictedEarly   = desc("events_evicted_before_ack_total", "Events evicted while a client could still ask for them. Must stay 0: alert on any increase.")
+	descEvictedEarly   = desc("events_evicted_before_ack_total", "Events evicted while a client could still ask for them, or found gone by a reader. Must stay 0: alert on any increase.")
 	descResumesEvicted = desc("resumes_from_evicted_total", "Resumes whose Last-Event-ID was below the retained floor (answered with a gap).")
 	descStalls         = desc("backpressure_stalls_total", "Appends that found their log full and paused the upstream read.")
 	descFailed         = desc("streams_failed_total", "Streams that failed, by reason.", "reason")
-	descRetained       = desc("retained_bytes", "Bytes retained in logs (payload plus per-event overhead).")
+	descTombsDropped   = desc("tombstones_dropped_total", "Ended sessions forgotten before their hour because too many were remembered.")
+	descRetained       = desc("retained_bytes", "Bytes retained in logs: the memory their chunks hold.")
 	descSessions       = desc("sessions", "Sessions held.")
 	descStreams        = desc("streams", "Streams held (live, or ended with metadata kept).")
 	descConnected      = desc("connected_clients", "Client connections reading from logs.")
 	descProducing      = desc("upstream_reads", "Upstream responses being read into logs.")
 	descStalled        = desc("stalled_streams", "Streams whose upstream read is paused by backpressure now.")
 	descDetached       = desc("detached_upstreams", "Upstream responses still being read into logs after their client left.")
+	descTombstones     = desc("tombstones", "Ended sessions remembered (for credential checks and precise late answers).")
 )
 
 func (storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEnqueued, descEvicted, descEvictedEarly, descResumesEvicted, descStalls,
-		descFailed, descRetained, descSessions, descStreams, descConnected, descProducing, descStalled, descDetached} {
+		descFailed, descTombsDropped, descRetained, descSessions, descStreams, descConnected, descProducing, descStalled,
+		descDetached, descTombstones} {
 		ch <- d
 	}
 }
 
 func (storeCollector) Collect(ch chan<- prometheus.Metric) {
-	st, ok := currentStore()
-	if !ok {
+	var n int
+	var enq, ev, early, fromEv, stalls, tombsDropped uint64
+	failed := make(map[policy.Reason]uint64)
+	var s buffer.Stats
+	eachStore(func(_ string, st buffer.Store) {
+		n++
+		c := st.Counters()
+		enq += c.EventsEnqueued.Load()
+		ev += c.EventsEvicted.Load()
+		early += c.EventsEvictedBeforeAck.Load()
+		fromEv += c.ResumesFromEvicted.Load()
+		stalls += c.Stalls.Load()
+		tombsDropped += c.TombstonesDropped.Load()
+		for r, v := range c.FailedStreams() {
+			failed[r] += v
+		}
+		z := st.Stats()
+		s.RetainedBytes += z.RetainedBytes
+		s.Sessions += z.Sessions
+		s.Streams += z.Streams
+		s.Connected += z.Connected
+		s.Producing += z.Producing
+		s.StalledStreams += z.StalledStreams
+		s.Detached += z.Detached
+		s.Tombstones += z.Tombstones
+	})
+	if n == 0 {
 		return
 	}
-	c := st.Counters()
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	gauge := func(d *prometheus.Desc, v float64) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
 	}
-	counter(descEnqueued, c.EventsEnqueued.Load())
-	counter(descEvicted, c.EventsEvicted.Load())
-	counter(descEvictedEarly, c.EventsEvictedBeforeAck.Load())
-	counter(descResumesEvicted, c.ResumesFromEvicted.Load())
-	counter(descStalls, c.Stalls.Load())
-	failed := c.FailedStreams()
-	for _, r := range []policy.Reason{policy.ReasonStalled, policy.ReasonUpstreamFailed, policy.ReasonTooLarge, policy.ReasonDeleted, policy.ReasonExpired, policy.ReasonPurged} {
+	counter(descEnqueued, enq)
+	counter(descEvicted, ev)
+	counter(descEvictedEarly, early)
+	counter(descResumesEvicted, fromEv)
+	counter(descStalls, stalls)
+	counter(descTombsDropped, tombsDropped)
+	for _, r := range []policy.Reason{policy.ReasonStalled, policy.ReasonUpstreamFailed, policy.ReasonUpstreamClosed,
+		policy.ReasonTooLarge, policy.ReasonDeleted, policy.ReasonExpired, policy.ReasonPurged} {
 		counter(descFailed, failed[r], string(r))
 	}
-	s := st.Stats()
 	gauge(descRetained, float64(s.RetainedBytes))
 	gauge(descSessions, float64(s.Sessions))
 	gauge(descStreams, float64(s.Streams))
@@ -98,6 +132,7 @@ func (storeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descProducing, float64(s.Producing))
 	gauge(descStalled, float64(s.StalledStreams))
 	gauge(descDetached, float64(s.Detached))
+	gauge(descTombstones, float64(s.Tombstones))
 }
 
 // registerMetrics adds the collectors to a config's registry. Each config
@@ -106,7 +141,8 @@ func registerMetrics(reg *prometheus.Registry) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, replayed, retriesServed, credentialRejections, metrics.stallSeconds, storeCollector{}} {
+	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, upstreamReconnects, untapped, replayed,
+		retriesServed, credentialRejections, stallSeconds, storeCollector{}} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

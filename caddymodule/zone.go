@@ -2,72 +2,52 @@ package caddymodule
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/dgraph-io/ristretto/v2"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// zones holds the retention store across config reloads: a new config is
-// provisioned before the old one is cleaned up, so the store (and every
+// zones holds the retention stores across config reloads: a new config is
+// provisioned before the old one is cleaned up, so a store (and every
 // detached stream feeding it) carries on.
 var zones = caddy.NewUsagePool()
 
-// zoneKey names the one store of the process. Handlers in several sites or
-// routes share it; the most recently provisioned limits apply.
-const zoneKey = "mcp_resume"
-
+// A zone is one retention store and the handlers that share it. Handlers
+// name their zone with the zone subdirective (default "default"); handlers
+// in one zone share sessions (a session may be resumed through any of them)
+// and the zone's limits, which the most recently provisioned handler sets.
 type zone struct {
-	store *buffer.MemoryStore
-	key   []byte // HMAC key for credential fingerprints; lives with the sessions it binds
-	// retries maps (session, request ids, body hash) to the stream that
-	// answers it, so a client that re-sends the same request gets the
-	// retained stream instead of running the tool twice. Losing an entry
-	// only means the request runs again, so an evicting cache fits.
-	retries *ristretto.Cache[string, uint32]
-	logger  atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
+	name   string
+	store  buffer.Store
+	logger atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
 }
 
 // Destruct implements caddy.Destructor.
 func (z *zone) Destruct() error {
 	z.store.Close()
-	z.retries.Close()
 	return nil
 }
 
-func retryKey(sid string, ids []string, body []byte) string {
-	h := sha256.New()
-	h.Write([]byte(sid))
-	for _, id := range ids {
-		h.Write([]byte{0})
-		h.Write([]byte(id))
-	}
-	h.Write([]byte{1})
-	h.Write(body)
-	return string(h.Sum(nil))
-}
+func zoneKey(name string) string { return "mcp_resume/" + name }
 
-func loadZone(l buffer.Limits, logger *zap.Logger) (*zone, error) {
-	v, loaded, err := zones.LoadOrNew(zoneKey, func() (caddy.Destructor, error) {
-		key := make([]byte, 32)
-		rand.Read(key)
-		retries, err := ristretto.NewCache(&ristretto.Config[string, uint32]{
-			NumCounters: 1 << 17,
-			MaxCost:     1 << 14, // entries
-			BufferItems: 64,
-		})
-		if err != nil {
-			return nil, err
-		}
-		z := &zone{key: key, retries: retries}
+func loadZone(name string, l buffer.Limits, logger *zap.Logger) (*zone, error) {
+	v, loaded, err := zones.LoadOrNew(zoneKey(name), func() (caddy.Destructor, error) {
+		z := &zone{name: name}
 		z.logger.Store(logger)
-		z.store = buffer.NewMemoryStore(buffer.Options{Limits: l, Hooks: storeHooks(z.logger.Load)})
+		z.store = buffer.NewMemoryStore(buffer.Options{
+			Limits: l,
+			Hooks:  storeHooks(z.logger.Load),
+			Key:    zoneSecret(name, logger),
+		})
 		return z, nil
 	})
 	if err != nil {
@@ -81,20 +61,42 @@ func loadZone(l buffer.Limits, logger *zap.Logger) (*zone, error) {
 	return z, nil
 }
 
-func releaseZone() error {
-	_, err := zones.Delete(zoneKey)
+func releaseZone(name string) error {
+	_, err := zones.Delete(zoneKey(name))
 	return err
 }
 
-// currentStore returns the live store, if any handler is provisioned; the
-// admin API and metrics read it.
-func currentStore() (buffer.Store, bool) {
-	var st buffer.Store
+// eachStore calls fn with every live store; the admin API and metrics read them.
+func eachStore(fn func(name string, st buffer.Store)) {
 	zones.Range(func(_, v any) bool {
-		st = v.(*zone).store
-		return false
+		z := v.(*zone)
+		fn(z.name, z.store)
+		return true
 	})
-	return st, st != nil
+}
+
+// zoneSecret returns the key a zone's credential fingerprints and epochs
+// are keyed with. It is kept in Caddy's data directory, so after a restart
+// the proxy still recognises the event IDs it minted (and can take their
+// sessions over with a gap instead of passing the cursor to an upstream
+// that never saw it). Without a writable data directory it lives only as
+// long as the process.
+func zoneSecret(name string, logger *zap.Logger) []byte {
+	path := filepath.Join(caddy.AppDataDir(), "mcp_resume", "secret-"+name)
+	if b, err := os.ReadFile(path); err == nil && len(b) == 32 {
+		return b
+	}
+	key := make([]byte, 32)
+	rand.Read(key)
+	err := os.MkdirAll(filepath.Dir(path), 0o700)
+	if err == nil {
+		err = os.WriteFile(path, key, 0o600)
+	}
+	if err != nil && !errors.Is(err, fs.ErrExist) {
+		logger.Warn("zone secret not saved: after a restart, earlier event IDs are not recognised",
+			zap.String("path", path), zap.Error(err))
+	}
+	return key
 }
 
 // storeHooks logs what the store decides on its own.
@@ -105,7 +107,7 @@ func storeHooks(log func() *zap.Logger) buffer.Hooks {
 				zap.String("session", session), zap.Uint32("stream", stream))
 		},
 		StallEnded: func(session string, stream uint32, waited time.Duration) {
-			metrics.stallSeconds.Observe(waited.Seconds())
+			stallSeconds.Observe(waited.Seconds())
 			log().Info("backpressure: upstream reading resumed",
 				zap.String("session", session), zap.Uint32("stream", stream), zap.Duration("waited", waited))
 		},
@@ -117,9 +119,13 @@ func storeHooks(log func() *zap.Logger) buffer.Hooks {
 			log().Info("session ended",
 				zap.String("session", session), zap.String("reason", string(reason)))
 		},
-		EvictedBeforeAck: func(session string, stream uint32, seq uint64) {
+		EvictedBeforeAck: func(session string, stream uint32, seq, n uint64) {
 			log().Error("BUG: event evicted while a client could still ask for it",
-				zap.String("session", session), zap.Uint32("stream", stream), zap.Uint64("seq", seq))
+				zap.String("session", session), zap.Uint32("stream", stream), zap.Uint64("seq", seq), zap.Uint64("events", n))
+		},
+		TombstoneDropped: func(session string) {
+			log().Warn("ended session forgotten early: too many ended sessions remembered",
+				zap.String("session", session))
 		},
 	}
 }

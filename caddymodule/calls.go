@@ -1,0 +1,244 @@
+package caddymodule
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// peekLimit bounds what is read of a POST body before the proxy knows the
+// request belongs to a session it holds (whose credentials ServeHTTP has
+// checked): enough to recognise initialize or adopt a session, so no client
+// without credentials can make the proxy buffer more. Larger such bodies
+// pass through untouched.
+const peekLimit = 64 << 10
+
+// servePost handles a POST: initialize (learn the session), requests of a
+// session (tap the SSE response), and everything else (pass through).
+func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string) error {
+	if !isJSON(r.Header.Get("Content-Type")) {
+		return next.ServeHTTP(w, r)
+	}
+	if v := r.Header.Get(hdrVersion); v != "" && !resumable(v) {
+		return next.ServeHTTP(w, r)
+	}
+	st := h.zone.store
+	var sess buffer.Session
+	known := false
+	if sid != "" {
+		sess, known = st.Session(sid)
+	}
+	limit := int64(peekLimit)
+	if known {
+		limit = h.MaxRequestBytes
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		return caddyhttp.Error(http.StatusBadRequest, err)
+	}
+	if int64(len(body)) > limit {
+		if known {
+			limitsHit.WithLabelValues("max_request_bytes").Inc()
+			writeError(w, http.StatusRequestEntityTooLarge, jsonrpc.CodeLimit, "",
+				"mcp-resume: request body exceeds max_request_bytes ("+itoa(h.MaxRequestBytes)+")")
+			return nil
+		}
+		r.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+		return next.ServeHTTP(w, r) // not the proxy's to inspect
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	calls, _, err := jsonrpc.ParseBody(body)
+	if err != nil {
+		return next.ServeHTTP(w, r) // not JSON-RPC: the upstream answers it
+	}
+	if len(calls) == 1 && calls[0].Kind == jsonrpc.Request && calls[0].Method == "initialize" {
+		return h.serveInitialize(w, r, next, calls[0])
+	}
+	if sid == "" || known && !resumable(sess.Meta().Version) {
+		return next.ServeHTTP(w, r) // no session, or one that is never tapped
+	}
+	var ids []string
+	for _, c := range calls {
+		if c.Kind == jsonrpc.Request {
+			ids = append(ids, jsonrpc.CanonicalID(c.ID))
+		}
+	}
+	if len(ids) == 0 {
+		// Notifications and responses get 202 and no stream; watch for the
+		// upstream saying the session is gone.
+		return next.ServeHTTP(h.sessionWatch(w, sid), r)
+	}
+	key := requestKey(ids, body)
+	if !known {
+		return h.adoptOnPost(w, r, next, sid, ids, key)
+	}
+	sess.Touch()
+	if !sess.AdmitStream() {
+		limitsHit.WithLabelValues("max_streams_per_session").Inc()
+		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, ids[0],
+			"mcp-resume: too many open streams in this session (max_streams_per_session)")
+		return nil
+	}
+	if served := h.serveRepeat(w, r, sess, ids, key); served {
+		return nil
+	}
+	return h.serveCall(w, r, next, sess, sess.Meta().Version, ids, key)
+}
+
+// requestKey identifies a request by its ids and body, so a repeat of it can
+// find the stream that answers it.
+func requestKey(ids []string, body []byte) [32]byte {
+	h := sha256.New()
+	for _, id := range ids {
+		h.Write([]byte(id))
+		h.Write([]byte{0})
+	}
+	h.Write([]byte{1})
+	h.Write(body)
+	var k [32]byte
+	h.Sum(k[:0])
+	return k
+}
+
+// serveRepeat answers a repeated request (same session, ids and body) from
+// the stream of the first, if it is retained from its start, instead of
+// running the tool twice. The replay is a resume from 0: everything is
+// acknowledged as not delivered, so nothing the replay still needs can go.
+func (h *Handler) serveRepeat(w http.ResponseWriter, r *http.Request, sess buffer.Session, ids []string, key [32]byte) bool {
+	stream, ok := sess.StreamByKey(key)
+	if !ok {
+		return false
+	}
+	d, rd, err := stream.Resume(0, func(v policy.StreamView) policy.Resume {
+		if v.Floor != 1 || !sameIDs(v.Requests, ids) {
+			return policy.Resume{Kind: policy.PassThrough} // not all of it is here: run it again
+		}
+		return policy.Resume{Kind: policy.Replay, From: 1}
+	})
+	if err != nil || d.Kind != policy.Replay {
+		return false
+	}
+	retriesServed.Inc()
+	h.logger.Info("repeated request answered from the retained stream",
+		zap.String("session", sess.ID()), zap.Uint32("stream", stream.Num()), zap.Strings("request_ids", ids))
+	prepareSSEHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	rl := h.newRelay(w, sess, stream, rd)
+	rl.replayUpTo = stream.View().Head
+	if rl.write(priming(sess.Meta().Version, sess.Epoch(), stream.Num(), 1)) {
+		rl.run(r.Context())
+	} else {
+		rd.Close()
+	}
+	return true
+}
+
+func sameIDs(reqs []policy.RequestView, ids []string) bool {
+	if len(reqs) != len(ids) {
+		return false
+	}
+	for i := range reqs {
+		if reqs[i].ID != ids[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// sessionWatch passes a response through and ends the session if the
+// upstream says it no longer exists.
+func (h *Handler) sessionWatch(w http.ResponseWriter, sid string) http.ResponseWriter {
+	return &statusWriter{
+		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		onStatus:              func(status int) { h.sessionGone(sid, status) },
+	}
+}
+
+// adoptOnPost forwards requests of a session the proxy does not hold (it
+// restarted, or the session expired or was purged here) and adopts the
+// session if the upstream answers with a stream. Such sessions have a share
+// of their own (policy.Adopted), so made-up session IDs cannot crowd out
+// real ones; a session deleted here is not adopted.
+func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string, ids []string, key [32]byte) error {
+	if tomb, ok := h.zone.store.Tombstone(sid); ok && tomb.Reason == policy.ReasonDeleted {
+		return next.ServeHTTP(w, r)
+	}
+	version := r.Header.Get(hdrVersion)
+	if version == "" {
+		version = defaultVersion
+	}
+	if !h.zone.store.Admit(policy.Adopted) {
+		limitsHit.WithLabelValues("adopted_sessions").Inc()
+		h.logger.Warn("session not adopted: the share of adopted sessions is full; passed through",
+			zap.String("session", sid))
+		return next.ServeHTTP(w, r)
+	}
+	return h.serveCall(w, r, next, nil, version, ids, key)
+}
+
+// serveCall forwards a POST carrying requests and, if the upstream answers
+// with an SSE stream, taps it: the upstream is followed to the last answer
+// whatever the client does, and a relay feeds the client from the log. sess
+// is nil when the session is to be adopted once the upstream answers.
+func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+	sess buffer.Session, version string, ids []string, key [32]byte) error {
+	t := h.newTap(r, next, sess, version)
+	defer t.close()
+	sid := r.Header.Get(hdrSessionID)
+	start := func(http.Header) bool {
+		if t.sess == nil {
+			s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Adopted))
+			switch {
+			case errors.Is(err, buffer.ErrSessionExists):
+				if s, _ = h.zone.store.Session(sid); s == nil {
+					return false
+				}
+			case err != nil:
+				h.logger.Warn("session not adopted", zap.String("session", sid), zap.Error(err))
+				return false
+			default:
+				h.logger.Info("session adopted", zap.String("session", sid), zap.String("protocol_version", version))
+			}
+			t.tie(s)
+		}
+		stream, err := t.sess.NewStream(ids, key)
+		if err != nil {
+			h.logger.Warn("stream not retained", zap.String("session", sid), zap.Error(err))
+			untapped.WithLabelValues("stream_refused").Inc()
+			return false
+		}
+		stream.ClaimProducer()
+		t.stream, t.pending = stream, append([]string(nil), ids...)
+		rd, err := stream.Attach(1)
+		if err != nil {
+			return true // the session ended meanwhile; the tap notices
+		}
+		if c := h.logger.Check(zap.DebugLevel, "tapping request stream"); c != nil {
+			c.Write(zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Strings("request_ids", ids))
+		}
+		t.startRelay(w, rd, priming(t.sess.Meta().Version, t.sess.Epoch(), stream.Num(), 1), 0)
+		return true
+	}
+	out := w
+	if sess != nil {
+		out = h.sessionWatch(w, sid) // an upstream 404 ends the session
+	}
+	res := t.attempt(t.upstreamRequest(r), out, start, false)
+	if !res.tapped {
+		return res.proxied
+	}
+	t.followRequest(res)
+	return nil // the client already has its response headers
+}

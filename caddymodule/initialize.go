@@ -1,0 +1,183 @@
+package caddymodule
+
+import (
+	"bytes"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
+	"github.com/mcpresume/caddy-mcp-resume/internal/sse"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// maxInitPeek bounds what is held back of an initialize response while the
+// proxy learns the session from it.
+const maxInitPeek = 1 << 20
+
+// serveInitialize forwards an initialize request and learns the session from
+// the response: the Mcp-Session-Id header and the negotiated version. The
+// session is registered before any byte of the result reaches the client, so
+// the client's next request always finds it. A session of a version without
+// resumable streams is remembered too, so its traffic is never tapped later.
+func (h *Handler) serveInitialize(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, call jsonrpc.Call) error {
+	asked := call.ProtocolVersion
+	if (asked == "" || resumable(asked)) && !h.zone.store.Admit(policy.Initialized) {
+		limitsHit.WithLabelValues("max_sessions").Inc()
+		h.logger.Warn("initialize refused: max_sessions reached", zap.Int("max_sessions", h.MaxSessions))
+		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, jsonrpc.CanonicalID(call.ID),
+			"mcp-resume: too many sessions (max_sessions); retry later")
+		return nil
+	}
+	up := r.Clone(r.Context())
+	up.Header.Del("Accept-Encoding") // the response is read here
+	iw := &initWriter{
+		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
+		h:                     h,
+		r:                     r,
+	}
+	err := next.ServeHTTP(iw, up)
+	iw.finish()
+	return err
+}
+
+type initMode uint8
+
+const (
+	initUndecided initMode = iota
+	initPass               // not a session-creating response, or learned already
+	initJSON               // holding an application/json body until it is complete
+	initSSE                // holding SSE bytes until the result event is parsed
+)
+
+// initWriter holds an initialize response back until it has learned the
+// session from it (at most maxInitPeek bytes), then lets it through.
+type initWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	h      *Handler
+	r      *http.Request
+	mode   initMode
+	status int
+	held   []byte
+	parser sse.Parser
+}
+
+func (iw *initWriter) WriteHeader(status int) {
+	if status < 200 {
+		iw.ResponseWriterWrapper.WriteHeader(status)
+		return
+	}
+	iw.status = status
+	sid := iw.Header().Get(hdrSessionID)
+	switch {
+	case status != http.StatusOK || sid == "":
+		iw.mode = initPass
+	case isJSON(iw.Header().Get("Content-Type")):
+		iw.mode = initJSON
+		return // held with the body
+	case tappable(status, iw.Header()):
+		iw.mode = initSSE
+	default:
+		iw.mode = initPass
+	}
+	iw.ResponseWriterWrapper.WriteHeader(status)
+}
+
+func (iw *initWriter) Write(p []byte) (int, error) {
+	if iw.mode == initUndecided {
+		iw.WriteHeader(http.StatusOK)
+	}
+	switch iw.mode {
+	case initJSON:
+		iw.held = append(iw.held, p...)
+		if len(iw.held) > maxInitPeek {
+			iw.giveUp()
+		}
+		return len(p), nil
+	case initSSE:
+		iw.held = append(iw.held, p...)
+		err := iw.parser.Feed(p, func(ev *sse.Event) error {
+			var version string
+			jsonrpc.PeekAll(ev.Data, func(m jsonrpc.Message) {
+				if m.Kind == jsonrpc.Response {
+					version = jsonrpc.ProtocolVersionOf(ev.Data)
+				}
+			})
+			if version != "" {
+				iw.learn(version)
+			}
+			return nil
+		})
+		if iw.mode == initSSE && (err != nil || len(iw.held) > maxInitPeek) {
+			iw.giveUp()
+		} else if iw.mode == initPass {
+			held := iw.held
+			iw.held = nil
+			if _, err := iw.ResponseWriterWrapper.Write(held); err != nil {
+				return 0, err
+			}
+		}
+		return len(p), nil
+	}
+	return iw.ResponseWriterWrapper.Write(p)
+}
+
+// FlushError holds flushes while bytes are held back.
+func (iw *initWriter) FlushError() error {
+	if iw.mode == initJSON || iw.mode == initSSE {
+		return nil
+	}
+	return http.NewResponseController(iw.ResponseWriterWrapper.ResponseWriter).Flush()
+}
+
+// learn registers the session, once, with the negotiated version.
+func (iw *initWriter) learn(version string) {
+	iw.mode = initPass
+	sid := iw.Header().Get(hdrSessionID)
+	origin := policy.Initialized
+	if !resumable(version) {
+		origin = policy.Untapped
+		iw.h.logger.Debug("session passes through: protocol version without resumption",
+			zap.String("session", sid), zap.String("protocol_version", version))
+	}
+	_, err := iw.h.zone.store.CreateSession(sid, iw.h.sessionMeta(iw.r, version, origin))
+	if err != nil {
+		if origin == policy.Initialized {
+			iw.h.logger.Warn("session not registered", zap.String("session", sid), zap.Error(err))
+		}
+		return
+	}
+	if origin == policy.Initialized {
+		iw.h.logger.Info("session registered", zap.String("session", sid), zap.String("protocol_version", version))
+	}
+}
+
+// giveUp stops inspecting and releases what was held.
+func (iw *initWriter) giveUp() {
+	iw.h.logger.Warn("initialize response too large or malformed to inspect; session passes through",
+		zap.String("session", iw.Header().Get(hdrSessionID)))
+	if iw.mode == initJSON {
+		iw.ResponseWriterWrapper.WriteHeader(iw.status)
+	}
+	iw.mode = initPass
+	held := iw.held
+	iw.held = nil
+	iw.ResponseWriterWrapper.Write(held)
+}
+
+// finish completes a held JSON response once the upstream is done.
+func (iw *initWriter) finish() {
+	switch iw.mode {
+	case initJSON:
+		if v := jsonrpc.ProtocolVersionOf(bytes.TrimSpace(iw.held)); v != "" {
+			iw.learn(v)
+		}
+		iw.mode = initPass
+		iw.ResponseWriterWrapper.WriteHeader(iw.status)
+		iw.ResponseWriterWrapper.Write(iw.held)
+	case initSSE:
+		iw.mode = initPass
+		iw.ResponseWriterWrapper.Write(iw.held)
+	}
+}

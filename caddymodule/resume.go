@@ -1,0 +1,194 @@
+package caddymodule
+
+import (
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/sse"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// serveGet handles GET text/event-stream: the standalone stream, and resumes
+// (Last-Event-ID) of any stream, answered from the log.
+func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string) error {
+	if v := r.Header.Get(hdrVersion); v != "" && !resumable(v) || sid == "" {
+		return next.ServeHTTP(w, r)
+	}
+	sess, known := h.zone.store.Session(sid)
+	if known && !resumable(sess.Meta().Version) {
+		return next.ServeHTTP(w, r) // a session that is never tapped
+	}
+	lastID := r.Header.Get(hdrLastEventID)
+	if lastID == "" {
+		if !known {
+			return next.ServeHTTP(w, r)
+		}
+		sess.Touch()
+		return h.serveStandalone(w, r, next, sess, nil, nil, 0)
+	}
+	return h.serveResume(w, r, next, sid, sess, lastID)
+}
+
+// serveResume answers a GET with Last-Event-ID from what the proxy holds
+// and remembers; policy.DecideResume says how.
+func (h *Handler) serveResume(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+	sid string, sess buffer.Session, lastID string) error {
+	st := h.zone.store
+	in := policy.ResumeInput{SessionHeader: true}
+	cur, perr := eventid.Parse(lastID)
+	if perr == nil {
+		in.Cursor = policy.Cursor{Valid: true, Minted: eventid.Minted(st.Key(), sid, cur.Epoch),
+			Epoch: cur.Epoch, Stream: cur.Stream, Seq: cur.Seq}
+	}
+	var stream buffer.Stream
+	ack := cur.Seq
+	if sess != nil {
+		in.Session = policy.SessionView{Known: true, Epoch: sess.Epoch(), NextStream: sess.NextStream()}
+		switch {
+		case !in.Cursor.Minted:
+		case cur.Epoch == sess.Epoch():
+			stream, _ = sess.Stream(cur.Stream)
+		default: // an earlier incarnation of the session
+			if p, ok := sess.Past(cur.Epoch); ok {
+				in.Past = pastView(p, cur.Stream)
+			}
+			if cur.Stream == policy.StandaloneNum {
+				stream, ack = sess.Standalone(), 0 // the client has nothing of the current one
+			}
+		}
+	} else if tomb, ok := st.Tombstone(sid); ok && in.Cursor.Minted {
+		p := tomb.Past
+		for _, e := range tomb.Earlier {
+			if e.Epoch == cur.Epoch {
+				p = e
+			}
+		}
+		in.Past = pastView(p, cur.Stream)
+	}
+
+	var d policy.Resume
+	var rd buffer.Reader
+	if stream != nil {
+		// Decide, acknowledge and attach in one step, so the floor cannot
+		// move between the decision and the replay.
+		var err error
+		d, rd, err = stream.Resume(ack, func(v policy.StreamView) policy.Resume {
+			in.Stream = &v
+			return policy.DecideResume(in)
+		})
+		if err != nil { // the session ended meanwhile
+			return h.reject(w, sid, lastID, http.StatusBadRequest, "the session ended")
+		}
+	} else {
+		d = policy.DecideResume(in)
+	}
+	resumes.WithLabelValues(d.Kind.String()).Inc()
+	if sess != nil && in.Cursor.Minted {
+		sess.Confirm() // a cursor minted for it: an adopted session has proved itself
+		sess.Touch()
+	}
+	logFields := []zap.Field{zap.String("session", sid), zap.Uint32("stream", cur.Stream), zap.Uint64("seq", cur.Seq),
+		zap.String("outcome", d.Kind.String())}
+
+	switch d.Kind {
+	case policy.PassThrough:
+		return next.ServeHTTP(w, r)
+	case policy.Reject:
+		return h.reject(w, sid, lastID, d.Status, d.Detail)
+	case policy.Adopt:
+		return h.serveAdopt(w, r, next, sid, lastID, d.Reason)
+	case policy.Ended:
+		h.logger.Debug("resume", logFields...)
+		w.WriteHeader(http.StatusNoContent) // nothing more will come: SSE clients stop reconnecting
+		return nil
+	case policy.Noop, policy.Replay:
+		h.logger.Debug("resume", logFields...)
+		return h.serveStream(w, r, next, sess, stream, rd, nil, stream.View().Head)
+	}
+
+	// A gap: signal it, then what follows.
+	if d.Reason == policy.ReasonEvicted {
+		st.Counters().ResumesFromEvicted.Add(1)
+	}
+	gaps.WithLabelValues(string(d.Reason)).Inc()
+	h.logger.Warn("resume could not be answered in full: gap signalled",
+		append(logFields, zap.String("reason", string(d.Reason)), zap.Int64("lost", d.Lost),
+			zap.Strings("lost_request_ids", d.LostIDs))...)
+	epoch, num, at := cur.Epoch, cur.Stream, cur.Seq // a hold leaves the cursor where it was
+	switch {
+	case stream != nil:
+		epoch, num, at = sess.Epoch(), stream.Num(), d.From-1
+	case d.Then == policy.ThenEnd:
+		at = d.From - 1
+	}
+	moved := eventid.Append(nil, epoch, num, at)
+	g := gapInfo{LastEventID: lastID, Lost: d.Lost, Reason: d.Reason}
+	if d.Then == policy.ThenReplay {
+		g.ResumeFrom = string(eventid.Append(nil, epoch, num, d.From))
+	}
+	pre := gapPreamble(moved, g, d.LostIDs, d.Then == policy.ThenReplay)
+	switch d.Then {
+	case policy.ThenReplay:
+		return h.serveStream(w, r, next, sess, stream, rd, pre, stream.View().Head)
+	case policy.ThenHold:
+		prepareSSEHeaders(w.Header())
+		w.WriteHeader(http.StatusOK)
+		w.Write(pre)
+		http.NewResponseController(w).Flush()
+		var done <-chan struct{}
+		if sess != nil {
+			done = sess.Context().Done()
+		}
+		h.hold(r.Context(), w, done, time.Duration(h.SessionIdleTimeout))
+		return nil
+	default: // ThenEnd
+		prepareSSEHeaders(w.Header())
+		w.WriteHeader(http.StatusOK)
+		w.Write(pre)
+		return nil
+	}
+}
+
+// pastView is what policy needs of an earlier incarnation, for the
+// cursor's stream.
+func pastView(p buffer.Past, num uint32) *policy.PastView {
+	v := &policy.PastView{Reason: p.Reason}
+	if s, ok := p.Streams[num]; ok {
+		v.Stream = &s
+	}
+	return v
+}
+
+// serveStream relays a resumed stream from rd, after pre. A standalone
+// stream that no upstream GET feeds gets one (this request's).
+func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sess buffer.Session,
+	stream buffer.Stream, rd buffer.Reader, pre []byte, replayUpTo uint64) error {
+	if stream.Kind() == policy.StandaloneStream {
+		return h.serveStandalone(w, r, next, sess, rd, pre, replayUpTo)
+	}
+	return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
+}
+
+// relayTo starts an SSE response with pre and relays the stream from the
+// reader's position in this request's goroutine.
+func (h *Handler) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
+	rd buffer.Reader, pre []byte, replayUpTo uint64) error {
+	prepareSSEHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	rl := h.newRelay(w, sess, stream, rd)
+	rl.replayUpTo = replayUpTo
+	if len(pre) == 0 {
+		pre = sse.AppendComment(nil, "mcp-resume") // bytes at once: intermediaries release the headers
+	}
+	if !rl.write(pre) {
+		rd.Close()
+		return nil
+	}
+	rl.run(r.Context())
+	return nil
+}

@@ -1,0 +1,136 @@
+package caddymodule
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// serveStandalone serves the session's standalone stream (stream 0) to a
+// GET: from rd's position after pre for a resume, or, without rd, from the
+// first event no client was sent. If no upstream GET feeds the stream,
+// this request opens one and keeps it (and its successors) going after the
+// client leaves, for as long as the session lives.
+//
+// Retained events are the client's whatever the upstream says now: a resume
+// that has something to send (a replay, a gap) is answered at once, and the
+// upstream's answer only decides what follows. A GET with nothing to send
+// waits for the upstream's answer, so a refusal (404: re-initialize; 405:
+// no GET stream here) reaches the client as plain reverse_proxy would pass it.
+func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+	sess buffer.Session, rd buffer.Reader, pre []byte, replayUpTo uint64) error {
+	stream := sess.Standalone()
+	gap := pre != nil // a resume's gap preamble: it must go out now
+	if rd == nil {
+		var err error
+		if rd, err = stream.Attach(buffer.FromUndelivered); err != nil {
+			return h.reject(w, sess.ID(), "", http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
+		}
+		pre = priming(sess.Meta().Version, sess.Epoch(), stream.Num(), rd.Next())
+	}
+	if !stream.ClaimProducer() {
+		return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo) // an upstream GET feeds it already
+	}
+	t := h.newTap(r, next, sess, sess.Meta().Version)
+	t.stream = stream
+	defer t.close()
+	t.lastID = stream.UpstreamCursor()
+	answerNow := gap || rd.Next() <= stream.View().Head
+	var out http.ResponseWriter = h.sessionWatch(w, sess.ID())
+	start := func(http.Header) bool {
+		t.startRelay(w, rd, pre, replayUpTo)
+		return true
+	}
+	if answerNow {
+		t.startRelay(w, rd, pre, replayUpTo)
+		out, start = discard(), func(http.Header) bool { return true }
+	}
+	res := t.attempt(t.standaloneRequest(r), out, start, false)
+	if !res.tapped && !answerNow {
+		rd.Close() // the upstream's answer went to the client
+		if res.status == http.StatusNotFound {
+			h.sessionGone(sess.ID(), res.status)
+		}
+		return res.proxied
+	}
+	t.followStandalone(res)
+	return nil
+}
+
+// standaloneRequest is the GET that opens the upstream's standalone stream:
+// the client's headers, and the upstream's own Last-Event-ID if an earlier
+// upstream GET gave one, so what the upstream kept meanwhile comes too.
+func (t *upstreamTap) standaloneRequest(r *http.Request) *http.Request {
+	req := t.upstreamRequest(r)
+	req.Header.Del(hdrLastEventID) // the proxy's: the upstream knows nothing of them
+	if t.lastID != "" {
+		req.Header.Set(hdrLastEventID, t.lastID)
+	}
+	return req
+}
+
+// serveAdopt answers a resume of the standalone stream of a session the
+// proxy does not hold, with a cursor it minted for that session: the proxy
+// restarted, or the session expired or was purged here. If the upstream
+// still knows the session (it answers a GET with a stream), the proxy takes
+// it over: a gap event tells the client what was lost, then the session's
+// standalone stream follows live. Otherwise the upstream's answer (typically
+// 404: re-initialize) goes to the client.
+func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid, lastID string, reason policy.Reason) error {
+	version := r.Header.Get(hdrVersion)
+	if version == "" {
+		version = defaultVersion
+	}
+	t := h.newTap(r, next, nil, version)
+	defer t.close()
+	var existing buffer.Session // adopted meanwhile by another request
+	start := func(http.Header) bool {
+		s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
+		if errors.Is(err, buffer.ErrSessionExists) {
+			existing, _ = h.zone.store.Session(sid)
+			t.failure = err // drop this upstream GET: the session has its own
+			return existing != nil
+		}
+		if err != nil {
+			h.logger.Warn("session not adopted", zap.String("session", sid), zap.Error(err))
+			return false
+		}
+		t.tie(s)
+		stream := s.Standalone()
+		stream.ClaimProducer()
+		t.stream = stream
+		rd, err := stream.Attach(1)
+		if err != nil {
+			return true
+		}
+		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)
+		pre := gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true)
+		gaps.WithLabelValues(string(reason)).Inc()
+		h.logger.Warn("session adopted after a resume the proxy could not answer: gap signalled",
+			zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)), zap.String("reason", string(reason)))
+		t.startRelay(w, rd, pre, 0)
+		return true
+	}
+	res := t.attempt(t.standaloneRequest(r), w, start, false)
+	switch {
+	case existing != nil:
+		s := existing
+		rd, err := s.Standalone().Attach(1)
+		if err != nil {
+			return h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
+		}
+		moved := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 0)
+		return h.relayTo(w, r, s, s.Standalone(), rd,
+			gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true), 0)
+	case !res.tapped:
+		return res.proxied // the upstream's answer went to the client
+	}
+	t.followStandalone(res)
+	return nil
+}

@@ -1,0 +1,514 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// These tests drive the tap the way reverse_proxy does, in the style of
+// Caddy's reverseproxy/streaming_test.go: the next handler is a scripted
+// upstream that writes headers and SSE bytes to the writer it is given,
+// aborts like reverse_proxy on a broken connection (panic
+// http.ErrAbortHandler), or fails like it on an unreachable upstream (an
+// error). The end-to-end tests run the real reverse_proxy.
+
+// upstream is a scripted next handler: each request runs the next step.
+type upstream struct {
+	mu    sync.Mutex
+	steps []func(w http.ResponseWriter, r *http.Request) error
+	reqs  []*http.Request
+	at    []time.Time
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	u.mu.Lock()
+	u.reqs = append(u.reqs, r)
+	u.at = append(u.at, time.Now())
+	if len(u.steps) == 0 {
+		u.mu.Unlock()
+		return fmt.Errorf("unexpected request %d", len(u.reqs))
+	}
+	step := u.steps[0]
+	u.steps = u.steps[1:]
+	u.mu.Unlock()
+	return step(w, r)
+}
+
+func (u *upstream) requests() []*http.Request {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]*http.Request(nil), u.reqs...)
+}
+
+// sseStep answers with an SSE stream made of events, then ends as end says:
+// "eof" (a clean close), "abort" (a broken connection), or "hang" (stays
+// open until the request is cancelled).
+func sseStep(end string, events ...string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		for _, ev := range events {
+			if _, err := io.WriteString(w, ev); err != nil {
+				panic(http.ErrAbortHandler) // what reverse_proxy does when its writer fails
+			}
+		}
+		switch end {
+		case "abort":
+			panic(http.ErrAbortHandler)
+		case "hang":
+			<-r.Context().Done()
+			panic(http.ErrAbortHandler)
+		}
+		return nil
+	}
+}
+
+func statusStep(status int) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(status)
+		io.WriteString(w, http.StatusText(status))
+		return nil
+	}
+}
+
+func unreachableStep(w http.ResponseWriter, r *http.Request) error {
+	return fmt.Errorf("dial tcp: connection refused") // reverse_proxy's 502
+}
+
+func progress(id string, n int) string {
+	idLine := ""
+	if id != "" {
+		idLine = "id: " + id + "\n"
+	}
+	return fmt.Sprintf("%sevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progress\":%d}}\n\n", idLine, n)
+}
+
+func result(id string, reqID string) string {
+	idLine := ""
+	if id != "" {
+		idLine = "id: " + id + "\n"
+	}
+	return fmt.Sprintf("%sevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{}}\n\n", idLine, reqID)
+}
+
+// testHandler is a provisioned-enough Handler on a private memory store.
+func testHandler(t *testing.T) *Handler {
+	t.Helper()
+	h := &Handler{StallTimeout: caddy.Duration(5 * time.Second), Keepalive: caddy.Duration(time.Second)}
+	h.setDefaults()
+	h.logger = zap.NewNop()
+	st := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
+	t.Cleanup(st.Close)
+	h.zone = &zone{name: "test", store: st}
+	return h
+}
+
+func newSession(t *testing.T, h *Handler, version string) buffer.Session {
+	t.Helper()
+	s, err := h.zone.store.CreateSession("sess-1", buffer.SessionMeta{Version: version, BindHeaders: h.BindHeaders,
+		Fingerprint: h.fingerprint(post("0"), h.BindHeaders)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// post is a tools/call POST of the session, as the client sends it.
+func post(ids ...string) *http.Request {
+	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"count"}}`, ids[0])
+	if len(ids) > 1 {
+		var parts []string
+		for _, id := range ids {
+			parts = append(parts, fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"count"}}`, id))
+		}
+		body = "[" + strings.Join(parts, ",") + "]"
+	}
+	r := httptest.NewRequest("POST", "/mcp", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	r.Header.Set("Accept", "application/json, text/event-stream")
+	r.Header.Set("Accept-Encoding", "gzip")
+	r.Header.Set(hdrSessionID, "sess-1")
+	r.Header.Set(hdrVersion, "2025-11-25")
+	r.Header.Set("Authorization", "Bearer x")
+	return r
+}
+
+type sseEvent struct{ ID, Type, Data string }
+
+// events parses what the client received.
+func events(t *testing.T, body string) []sseEvent {
+	t.Helper()
+	var out []sseEvent
+	for _, block := range strings.Split(body, "\n\n") {
+		var ev sseEvent
+		has := false
+		for _, line := range strings.Split(block, "\n") {
+			switch {
+			case strings.HasPrefix(line, "id: "):
+				ev.ID, has = line[4:], true
+			case strings.HasPrefix(line, "event: "):
+				ev.Type, has = line[7:], true
+			case strings.HasPrefix(line, "data: "):
+				ev.Data, has = ev.Data+line[6:], true
+			}
+		}
+		if has && !(ev.Data == "" && ev.Type == "") {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// checkContiguous checks the client got proxy IDs 1..n on one stream.
+func checkContiguous(t *testing.T, evs []sseEvent) {
+	t.Helper()
+	for i, ev := range evs {
+		id, err := eventid.Parse(ev.ID)
+		if err != nil || id.Seq != uint64(i+1) {
+			t.Fatalf("event %d has id %q: %+v", i, ev.ID, evs)
+		}
+	}
+}
+
+func serve(t *testing.T, h *Handler, next *upstream, r *http.Request) *httptest.ResponseRecorder {
+	t.Helper()
+	w := httptest.NewRecorder()
+	done := make(chan error, 1)
+	go func() { done <- h.ServeHTTP(w, r, next) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("ServeHTTP: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("ServeHTTP did not return")
+	}
+	return w
+}
+
+// An upstream that closes the POST's stream early (2025-11-25 SSE polling)
+// is resumed with GET and its own Last-Event-ID, after its retry delay; what
+// comes back fills the same proxy stream, and an event the upstream repeats
+// in its replay is taken once.
+func TestTapFollowsAnUpstreamThatClosesEarly(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		sseStep("eof", "id: u_0\ndata: \n\n", progress("u_1", 1), progress("u_2", 2), "event: close\nretry: 150\ndata: \n\n"),
+		sseStep("hang", progress("u_2", 2), progress("u_3", 3), result("u_4", "7"), ": keepalive\n\n"),
+	}}
+	w := serve(t, h, up, post("7"))
+	reqs := up.requests()
+	if len(reqs) != 2 {
+		t.Fatalf("%d upstream requests, want the POST and one GET", len(reqs))
+	}
+	g := reqs[1]
+	if g.Method != "GET" || g.Header.Get(hdrLastEventID) != "u_2" || g.Header.Get(hdrSessionID) != "sess-1" ||
+		g.Header.Get(hdrVersion) != "2025-11-25" || g.Header.Get("Authorization") != "Bearer x" ||
+		g.Header.Get("Accept") != "text/event-stream" || g.Header.Get("Content-Type") != "" || g.Header.Get("Accept-Encoding") != "" {
+		t.Fatalf("reconnect request %s %v", g.Method, g.Header)
+	}
+	if reqs[0].Header.Get("Accept-Encoding") != "" {
+		t.Fatal("the tapped POST asked the upstream for a compressed response")
+	}
+	if d := up.at[1].Sub(up.at[0]); d < 150*time.Millisecond {
+		t.Fatalf("reconnected after %v, before the upstream's retry of 150ms", d)
+	}
+	if !strings.HasPrefix(w.Body.String(), "id: ") || !strings.Contains(w.Body.String(), "-1-0\ndata: \n\n") {
+		t.Fatalf("no priming event first: %q", w.Body.String())
+	}
+	evs := events(t, w.Body.String()) // progress 1..3, result; priming left out
+	if len(evs) != 4 {
+		t.Fatalf("client got %+v", evs)
+	}
+	checkContiguous(t, evs)
+	for i := 0; i < 3; i++ {
+		if !strings.Contains(evs[i].Data, fmt.Sprintf(`"progress":%d`, i+1)) {
+			t.Fatalf("event %d: %+v", i, evs[i])
+		}
+	}
+	if !strings.Contains(evs[3].Data, `"result"`) {
+		t.Fatalf("no result: %+v", evs)
+	}
+	sess, _ := h.zone.store.Session("sess-1")
+	st, _ := sess.Stream(1)
+	if v := st.View(); v.State != policy.Complete || v.Requests[0].AnsweredAt != 4 {
+		t.Fatalf("stream %+v", v)
+	}
+}
+
+// A connection that drops mid-stream is resumed the same way, with a
+// backoff when the upstream gave no retry.
+func TestTapFollowsADroppedConnection(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-06-18")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		sseStep("abort", progress("a1", 1)),
+		unreachableStep, // the upstream is briefly away
+		sseStep("eof", progress("a2", 2), result("a3", "1")),
+	}}
+	w := serve(t, h, up, post("1"))
+	reqs := up.requests()
+	if len(reqs) != 3 || reqs[1].Header.Get(hdrLastEventID) != "a1" || reqs[2].Header.Get(hdrLastEventID) != "a1" {
+		t.Fatalf("requests: %d", len(reqs))
+	}
+	if d := up.at[2].Sub(up.at[1]); d < reconnectFirst {
+		t.Fatalf("second reconnect after %v: no backoff", d)
+	}
+	evs := events(t, w.Body.String())
+	checkContiguous(t, evs)
+	if len(evs) != 3 || !strings.Contains(evs[2].Data, `"result"`) {
+		t.Fatalf("client got %+v", evs)
+	}
+}
+
+// An upstream that gave no event IDs cannot be asked for the rest: the
+// stream fails at once, loudly (a gap event, then an error for the request),
+// and no reconnect is tried.
+func TestTapFailsWithoutUpstreamIDs(t *testing.T) {
+	for _, end := range []string{"eof", "abort"} {
+		t.Run(end, func(t *testing.T) {
+			h := testHandler(t)
+			newSession(t, h, "2025-06-18")
+			up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep(end, progress("", 1))}}
+			w := serve(t, h, up, post(`"r1"`))
+			if n := len(up.requests()); n != 1 {
+				t.Fatalf("%d upstream requests: reconnected without a way to resume", n)
+			}
+			evs := events(t, w.Body.String())
+			checkContiguous(t, evs)
+			want := map[string]policy.Reason{"eof": policy.ReasonUpstreamClosed, "abort": policy.ReasonUpstreamFailed}[end]
+			if len(evs) != 3 || evs[1].Type != "gap" || !strings.Contains(evs[1].Data, string(want)) ||
+				!strings.Contains(evs[2].Data, `"id":"r1","error":{"code":-32010`) {
+				t.Fatalf("client got %+v", evs)
+			}
+		})
+	}
+}
+
+// A batch answered in part before the upstream broke gets errors only for
+// the requests still waiting.
+func TestTapFailsOnlyPendingRequests(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-03-26")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("abort", result("", "1"))}}
+	w := serve(t, h, up, post("1", "2"))
+	evs := events(t, w.Body.String())
+	var errs []string
+	for _, ev := range evs {
+		if strings.Contains(ev.Data, "-32010") {
+			errs = append(errs, ev.Data)
+		}
+	}
+	if len(errs) != 1 || !strings.Contains(errs[0], `"id":2`) {
+		t.Fatalf("errors %v in %+v", errs, evs)
+	}
+}
+
+// The reconnect's answer decides: 404 ends the session, another 4xx fails
+// the stream, and a run of failures without progress gives up.
+func TestTapReconnectAnswers(t *testing.T) {
+	t.Run("404 ends the session", func(t *testing.T) {
+		h := testHandler(t)
+		newSession(t, h, "2025-11-25")
+		up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+			sseStep("eof", progress("x1", 1), "retry: 10\n\n"), statusStep(http.StatusNotFound)}}
+		serve(t, h, up, post("1"))
+		if _, ok := h.zone.store.Session("sess-1"); ok {
+			t.Fatal("the session outlived the upstream's 404")
+		}
+		if tomb, ok := h.zone.store.Tombstone("sess-1"); !ok || tomb.Reason != policy.ReasonDeleted || len(tomb.Streams) != 1 {
+			t.Fatalf("tombstone %+v %v", tomb, ok)
+		}
+	})
+	t.Run("400 fails the stream", func(t *testing.T) {
+		h := testHandler(t)
+		newSession(t, h, "2025-11-25")
+		up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+			sseStep("eof", progress("x1", 1), "retry: 10\n\n"), statusStep(http.StatusBadRequest)}}
+		w := serve(t, h, up, post("1"))
+		evs := events(t, w.Body.String())
+		if last := evs[len(evs)-1]; !strings.Contains(last.Data, "upstream_failed") || !strings.Contains(last.Data, "-32010") {
+			t.Fatalf("client got %+v", evs)
+		}
+	})
+	t.Run("exhausted", func(t *testing.T) {
+		h := testHandler(t)
+		newSession(t, h, "2025-11-25")
+		steps := []func(http.ResponseWriter, *http.Request) error{sseStep("eof", progress("x1", 1), "retry: 10\n\n")}
+		for i := 0; i < maxReconnects; i++ {
+			steps = append(steps, statusStep(http.StatusServiceUnavailable))
+		}
+		up := &upstream{steps: steps}
+		w := serve(t, h, up, post("1"))
+		if n := len(up.requests()); n != 1+maxReconnects {
+			t.Fatalf("%d requests, want 1 + %d reconnects", n, maxReconnects)
+		}
+		evs := events(t, w.Body.String())
+		if last := evs[len(evs)-1]; !strings.Contains(last.Data, "upstream_failed") {
+			t.Fatalf("client got %+v", evs)
+		}
+	})
+}
+
+// A client that drops before the upstream closes early, and comes back
+// after the upstream's events were followed, gets the rest from the log.
+func TestTapFollowsWhileTheClientIsAway(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	gate := make(chan struct{})
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			io.WriteString(w, progress("u1", 1))
+			<-gate // the client leaves meanwhile
+			io.WriteString(w, "retry: 20\n\n")
+			return nil
+		},
+		sseStep("eof", progress("u2", 2), result("u3", "5")),
+	}}
+	ctx, leave := context.WithCancel(context.Background())
+	r := post("5").WithContext(ctx)
+	w := httptest.NewRecorder()
+	done := make(chan error, 1)
+	go func() { done <- h.ServeHTTP(w, r, up) }()
+	time.Sleep(50 * time.Millisecond)
+	leave()
+	close(gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sess, _ := h.zone.store.Session("sess-1")
+	st, _ := sess.Stream(1)
+	if v := st.View(); v.State != policy.Complete || v.Head != 3 {
+		t.Fatalf("the upstream was not followed after the client left: %+v", v)
+	}
+	// The client comes back from event 1.
+	g := httptest.NewRequest("GET", "/mcp", nil)
+	g.Header.Set("Accept", "text/event-stream")
+	g.Header.Set(hdrSessionID, "sess-1")
+	g.Header.Set("Authorization", "Bearer x")
+	g.Header.Set(hdrLastEventID, string(eventid.Append(nil, sess.Epoch(), 1, 1)))
+	w2 := serve(t, h, &upstream{}, g)
+	evs := events(t, w2.Body.String())
+	if len(evs) != 2 || !strings.Contains(evs[0].Data, `"progress":2`) || !strings.Contains(evs[1].Data, `"result"`) {
+		t.Fatalf("resume got %+v", evs)
+	}
+	// And at its end, 204: nothing more will come.
+	g.Header.Set(hdrLastEventID, evs[1].ID)
+	if w3 := serve(t, h, &upstream{}, g); w3.Code != http.StatusNoContent {
+		t.Fatalf("resume at the end: %d", w3.Code)
+	}
+}
+
+// An upstream that compresses its SSE although asked not to is passed
+// through untouched (the proxy cannot read it), never parsed as SSE.
+func TestTapPassesCompressedThrough(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-06-18")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.Header().Set("Content-Encoding", "gzip")
+			w.WriteHeader(200)
+			w.Write([]byte("\x1f\x8b binary"))
+			return nil
+		}}}
+	w := serve(t, h, up, post("1"))
+	if w.Body.String() != "\x1f\x8b binary" || w.Header().Get("Content-Encoding") != "gzip" {
+		t.Fatalf("client got %q %v", w.Body.String(), w.Header())
+	}
+	sess, _ := h.zone.store.Session("sess-1")
+	if _, ok := sess.Stream(1); ok {
+		t.Fatal("a stream was created for an untapped response")
+	}
+}
+
+// The standalone stream's upstream GET that ends is reopened with the
+// upstream's Last-Event-ID while the session lives; events come once.
+func TestTapFollowsTheStandaloneStream(t *testing.T) {
+	h := testHandler(t)
+	sess := newSession(t, h, "2025-11-25")
+	notice := func(id string, n int) string {
+		return fmt.Sprintf("id: %s\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"data\":%d}}\n\n", id, n)
+	}
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		sseStep("eof", notice("_1", 1), "retry: 20\n\n"),
+		sseStep("eof", notice("_1", 1), notice("_2", 2)), // a replay that repeats one
+		sseStep("hang", notice("_3", 3)),
+	}}
+	ctx, leave := context.WithCancel(context.Background())
+	g := httptest.NewRequest("GET", "/mcp", nil).WithContext(ctx)
+	g.Header.Set("Accept", "text/event-stream")
+	g.Header.Set(hdrSessionID, "sess-1")
+	g.Header.Set("Authorization", "Bearer x")
+	w := httptest.NewRecorder()
+	done := make(chan error, 1)
+	go func() { done <- h.ServeHTTP(w, g, up) }()
+	st := sess.Standalone()
+	deadline := time.Now().Add(10 * time.Second)
+	for st.View().Head < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	leave()
+	h.zone.store.Delete("sess-1", policy.ReasonDeleted) // ends the producer
+	<-done
+	reqs := up.requests()
+	if len(reqs) != 3 || reqs[0].Header.Get(hdrLastEventID) != "" || reqs[1].Header.Get(hdrLastEventID) != "_1" ||
+		reqs[2].Header.Get(hdrLastEventID) != "_2" {
+		t.Fatalf("%d requests", len(reqs))
+	}
+	evs := events(t, w.Body.String())
+	var got []string
+	for _, ev := range evs {
+		if ev.Data != "" {
+			got = append(got, ev.Data)
+		}
+	}
+	if len(got) != 3 {
+		t.Fatalf("client got %d notices: %v", len(got), got)
+	}
+}
+
+// The failure signal is in the log: a client that resumes after the
+// failure gets it like any event, and then 204.
+func TestFailureSignalIsResumable(t *testing.T) {
+	h := testHandler(t)
+	sess := newSession(t, h, "2025-06-18")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("eof", progress("", 1))}}
+	serve(t, h, up, post("9"))
+	g := httptest.NewRequest("GET", "/mcp", nil)
+	g.Header.Set("Accept", "text/event-stream")
+	g.Header.Set(hdrSessionID, "sess-1")
+	g.Header.Set("Authorization", "Bearer x")
+	g.Header.Set(hdrLastEventID, string(eventid.Append(nil, sess.Epoch(), 1, 1)))
+	evs := events(t, serve(t, h, &upstream{}, g).Body.String())
+	if len(evs) != 2 || evs[0].Type != "gap" || !strings.Contains(evs[1].Data, `"id":9`) {
+		t.Fatalf("resume after the failure: %+v", evs)
+	}
+	var gap gapInfo
+	if err := json.Unmarshal([]byte(evs[0].Data), &gap); err != nil || gap.Reason != policy.ReasonUpstreamClosed {
+		t.Fatalf("gap %q", evs[0].Data)
+	}
+	g.Header.Set(hdrLastEventID, evs[1].ID)
+	if w := serve(t, h, &upstream{}, g); w.Code != http.StatusNoContent {
+		t.Fatalf("resume at the end: %d", w.Code)
+	}
+}
