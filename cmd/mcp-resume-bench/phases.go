@@ -13,10 +13,12 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 )
@@ -237,23 +239,30 @@ func holdToken() string {
 }
 
 // waitStream polls the admin API until cond holds for a session's stream.
-func (b *bench) waitStream(sid string, num uint32, timeout time.Duration, what string,
-	cond func(state string, connected bool) bool) error {
+func (b *bench) waitStream(sid string, num uint32, timeout time.Duration, what string, cond func(buffer.StreamInfo) bool) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		state, connected, err := b.px.streamState(sid, num)
+		s, _, err := mcptest.Session(b.px.admin, sid)
 		if err != nil {
 			return err
 		}
-		if cond(state, connected) {
+		i := slices.IndexFunc(s.Streams, func(st buffer.StreamInfo) bool { return st.Num == num })
+		if i < 0 {
+			return fmt.Errorf("session %s has no stream %d", sid, num)
+		}
+		st := s.Streams[i]
+		if cond(st) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %v waiting for %s (state %s, connected %v)", timeout, what, state, connected)
+			return fmt.Errorf("timed out after %v waiting for %s (state %s, connected %v)", timeout, what, st.State, st.Connected)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// detached is a waitStream condition: no client reads the stream.
+func detached(st buffer.StreamInfo) bool { return !st.Connected }
 
 // resumeRun: a client reads a few events and drops; the upstream then
 // finishes into the log; a GET with the last seen Last-Event-ID replays the
@@ -293,15 +302,14 @@ func (b *bench) resumeRun(ctx context.Context, n int) (resumeResult, error) {
 	}
 	// Release the upstream only once the proxy has noticed the client left,
 	// so every further event stays undelivered in the log.
-	if err := b.waitStream(sid, id.Stream, 10*time.Second, "the client to detach",
-		func(_ string, connected bool) bool { return !connected }); err != nil {
+	if err := b.waitStream(sid, id.Stream, 10*time.Second, "the client to detach", detached); err != nil {
 		return resumeResult{}, err
 	}
 	runtime.GC()
 	t0 := time.Now()
 	b.up.Release(hold)
 	if err := b.waitStream(sid, id.Stream, 2*time.Minute, "the stream to complete",
-		func(state string, _ bool) bool { return state != "live" }); err != nil {
+		func(st buffer.StreamInfo) bool { return st.State != "live" }); err != nil {
 		return resumeResult{}, err
 	}
 	r := resumeResult{fill: time.Since(t0)}
@@ -348,19 +356,17 @@ func snapshot() memSnap {
 }
 
 type memResult struct {
-	sessions        int
 	initRate        float64 // sessions opened per second (initialize + initialized)
 	idle            memSnap // delta for n idle sessions
 	retained        memSnap // further delta once each session retains events
-	retainedPayload int64   // stored event bytes (without the accounting overhead)
-	retainedBytes   int64   // retained_bytes metric (payload + 64 B per event)
+	retainedPayload int64   // stored event bytes: retained_bytes without its 64 B per event
 }
 
 // memory opens n idle sessions and measures what they hold; with mcp_resume
 // each session then retains one undelivered tools/call stream (the client
 // drops right after the response headers) and that is measured too.
 func (b *bench) memory(ctx context.Context, s setup, n int) (memResult, error) {
-	r := memResult{sessions: n}
+	var r memResult
 	m0 := snapshot()
 	t0 := time.Now()
 	sessions, err := b.openSessions(ctx, s.base, n, 8)
@@ -388,8 +394,7 @@ func (b *bench) memory(ctx context.Context, s setup, n int) (memResult, error) {
 			return err
 		}
 		resp.Body.Close()
-		return b.waitStream(sessions[i].SessionID, 1, 10*time.Second, "the client to detach",
-			func(_ string, connected bool) bool { return !connected })
+		return b.waitStream(sessions[i].SessionID, 1, 10*time.Second, "the client to detach", detached)
 	})
 	if err != nil {
 		return r, err
@@ -407,8 +412,8 @@ func (b *bench) memory(ctx context.Context, s setup, n int) (memResult, error) {
 		events := total(m, "caddy_mcp_resume_events_enqueued_total") - total(before, "caddy_mcp_resume_events_enqueued_total")
 		want := int64(n) * int64(k+1)
 		if b.up.Active() == 0 && total(m, "caddy_mcp_resume_upstream_reads") == 0 && int64(events) == want {
-			r.retainedBytes = int64(total(m, "caddy_mcp_resume_retained_bytes") - total(before, "caddy_mcp_resume_retained_bytes"))
-			r.retainedPayload = r.retainedBytes - int64(events)*64
+			retained := total(m, "caddy_mcp_resume_retained_bytes") - total(before, "caddy_mcp_resume_retained_bytes")
+			r.retainedPayload = int64(retained) - int64(events)*64
 			break
 		}
 		if time.Now().After(deadline) {

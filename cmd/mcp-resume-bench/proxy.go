@@ -82,21 +82,6 @@ func total(m mcptest.Metrics, name string) float64 {
 	return v
 }
 
-// streamState returns the state of stream num of a session from the admin
-// API, and whether a client connection is reading it.
-func (p *proxy) streamState(sid string, num uint32) (state string, connected bool, err error) {
-	s, _, err := mcptest.Session(p.admin, sid)
-	if err != nil {
-		return "", false, err
-	}
-	for _, st := range s.Streams {
-		if st.Num == num {
-			return st.State, st.Connected, nil
-		}
-	}
-	return "", false, fmt.Errorf("session %s has no stream %d", sid, num)
-}
-
 // newHTTPClient has a connection pool large enough for every concurrent
 // stream.
 func newHTTPClient() *http.Client {
