@@ -82,7 +82,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 	baseline := mcptest.SettledHeap()
 
 	// Watch: retained bytes (admin API and the metric), who is stalled,
-	// and the live heap.
+	// and the live heap, each on its own clock.
 	var (
 		mu             sync.Mutex
 		maxRetained    int64
@@ -91,72 +91,72 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 		stalledSeen    = make(map[string]bool)
 		samples        int
 		stopWatch      = make(chan struct{})
-		watchDone      = make(chan struct{})
+		watchers       sync.WaitGroup
 		metricExposed  = true
 		gaugeSamples   int
 		maxStreamBytes int64
+		heapSamples    int
 	)
-	start := time.Now()
-	var heapSamples int
-	// The retained_bytes metric is read under the store's byte lock: a
-	// consistent total. The admin API's per-session figures are taken one
-	// after another while bytes move, so their sum is only indicative; each
-	// stream's own figure is consistent.
-	go func() {
-		defer close(watchDone)
-		for i := 0; ; i++ {
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			if m, err := c.Metrics(); err == nil {
-				v, ok := m.Sum("caddy_mcp_resume_retained_bytes")
-				mu.Lock()
-				metricExposed = metricExposed && ok
-				maxGauge = max(maxGauge, v)
-				gaugeSamples++
-				mu.Unlock()
-			}
-			if i%2 == 1 {
-				continue
-			}
-			ss, err := c.Sessions()
-			if err != nil {
-				continue
-			}
-			var sum int64
-			mu.Lock()
-			for _, se := range ss {
-				sum += se.Bytes
-				for _, st := range se.Streams {
-					if st.Stalled {
-						stalledSeen[se.ID] = true
-					}
-					maxStreamBytes = max(maxStreamBytes, st.Bytes)
+	watch := func(every time.Duration, sample func()) {
+		watchers.Add(1)
+		go func() {
+			defer watchers.Done()
+			for {
+				select {
+				case <-stopWatch:
+					return
+				case <-time.After(every):
 				}
+				sample()
 			}
-			maxRetained = max(maxRetained, sum)
-			samples++
-			mu.Unlock()
-		}
-	}()
-	heapDone := make(chan struct{})
-	go func() {
-		defer close(heapDone)
-		for {
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(500 * time.Millisecond):
-			}
-			h := mcptest.LiveHeap()
+		}()
+	}
+	start := time.Now()
+	// The retained_bytes metric is read under the store's byte lock: a
+	// consistent total.
+	watch(100*time.Millisecond, func() {
+		if m, err := c.Metrics(); err == nil {
+			v, ok := m.Sum("caddy_mcp_resume_retained_bytes")
 			mu.Lock()
-			maxHeap = max(maxHeap, h)
-			heapSamples++
+			metricExposed = metricExposed && ok
+			maxGauge = max(maxGauge, v)
+			gaugeSamples++
 			mu.Unlock()
 		}
-	}()
+	})
+	// The admin API's per-session figures are taken one after another while
+	// bytes move, so their sum is only indicative; each stream's own figure
+	// is consistent. A slow session is stalled only until its next read, so
+	// this sampler runs on its own: on a loaded machine, waiting for the
+	// metrics scrape or a GC between samples thinned them out so much that
+	// some slow sessions were never caught stalled.
+	watch(100*time.Millisecond, func() {
+		ss, err := c.Sessions()
+		if err != nil {
+			return
+		}
+		var sum int64
+		mu.Lock()
+		defer mu.Unlock()
+		for _, se := range ss {
+			sum += se.Bytes
+			for _, st := range se.Streams {
+				if st.Stalled {
+					stalledSeen[se.ID] = true
+				}
+				maxStreamBytes = max(maxStreamBytes, st.Bytes)
+			}
+		}
+		maxRetained = max(maxRetained, sum)
+		samples++
+	})
+	watch(500*time.Millisecond, func() {
+		h := mcptest.LiveHeap()
+		mu.Lock()
+		maxHeap = max(maxHeap, h)
+		heapSamples++
+		mu.Unlock()
+	})
 
 	done := make(chan string, len(all))
 	for _, s := range all {
@@ -222,8 +222,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 	}
 	endHeap := mcptest.LiveHeap()
 	close(stopWatch)
-	<-watchDone
-	<-heapDone
+	watchers.Wait()
 
 	for _, s := range all {
 		if s.err != nil {
