@@ -26,11 +26,14 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"os"
 	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 )
 
 type config struct {
@@ -96,21 +99,11 @@ func parseFlags(args []string) (config, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if *quick {
-		if !set["rounds"] {
-			*rounds = 1
-		}
-		if !set["scale"] {
-			*scale = 0.2
-		}
-		if !set["latency-events"] {
-			*latN = 250
-		}
-		if !set["replay"] {
-			*replay = "1000,20000"
-		}
-		if !set["sessions"] {
-			*sessions = "1000"
+	if *quick { // smaller defaults, where the command line leaves them
+		for name, v := range map[string]string{"rounds": "1", "scale": "0.2", "latency-events": "250", "replay": "1000,20000", "sessions": "1000"} {
+			if !set[name] {
+				fs.Set(name, v)
+			}
 		}
 	}
 	c := config{
@@ -162,6 +155,20 @@ func eventsPerRun(size int, scale float64) int {
 	return max(int(float64(n)*scale), 64)
 }
 
+// tpConfigs are the throughput runs, in the report's order; none without
+// the throughput phase.
+func (c config) tpConfigs() []tpConfig {
+	var out []tpConfig
+	for _, conc := range c.concurrency {
+		for _, size := range c.sizes {
+			if c.phases["throughput"] {
+				out = append(out, tpConfig{size: size, streams: conc, total: eventsPerRun(size, c.scale)})
+			}
+		}
+	}
+	return out
+}
+
 func main() {
 	cfg, err := parseFlags(os.Args[1:])
 	if err == flag.ErrHelp {
@@ -189,18 +196,23 @@ func run(cfg config, stdout io.Writer) error {
 	logf := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
 	}
-	up, err := startUpstream(cfg.flushEach)
+	// The upstream: as cheap as can be, so that the proxy's cost dominates
+	// what changes between the two setups.
+	up := &mcptest.Upstream{Version: protocolVersion, FlushEach: cfg.flushEach}
+	ln, err := mcptest.Listen(0)
 	if err != nil {
 		return err
 	}
-	defer up.close()
-	px, err := startProxy(up.addr)
+	srv := &http.Server{Handler: up, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	defer srv.Close()
+	px, err := startProxy(ln.Addr().String())
 	if err != nil {
 		return err
 	}
 	defer px.stop()
 	b := &bench{
-		cfg: cfg, up: up, px: px, cl: newClient(), logf: logf,
+		cfg: cfg, up: up, px: px, hc: newHTTPClient(), logf: logf,
 		plain:  setup{name: "plain", base: px.plainBase},
 		resume: setup{name: "mcp_resume", base: px.resumeBase, resume: true},
 	}
@@ -210,24 +222,19 @@ func run(cfg config, stdout io.Writer) error {
 	started := time.Now()
 	load0 := sampleLoad()
 	rep := newReport(cfg)
-	if m, err := px.metrics(ctx); err == nil {
+	if m, err := px.metrics(); err == nil {
 		rep.metricsBefore = m
 	}
-	if cfg.phases["throughput"] {
-		for _, conc := range cfg.concurrency {
-			for _, size := range cfg.sizes {
-				c := tpConfig{size: size, streams: conc, total: eventsPerRun(size, cfg.scale)}
-				for round := 0; round < cfg.rounds; round++ {
-					for _, s := range b.order(round) {
-						r, err := b.throughput(ctx, s, c)
-						if err != nil {
-							return fmt.Errorf("throughput %s, %s: %v", c.key(), s.name, err)
-						}
-						rep.addThroughput(c, s.name, r)
-						logf("throughput %-24s %-10s round %d: %9.0f events/s %7.1f MB/s %6.2f µs CPU/event, %.2f context switches/event, %.0f stalls",
-							c.key(), s.name, round+1, r.eventsPerSec(), r.mbPerSec(), r.cpuPerEvent(), r.cswPerEvent(), r.stalls)
-					}
+	for _, c := range cfg.tpConfigs() {
+		for round := 0; round < cfg.rounds; round++ {
+			for _, s := range b.order(round) {
+				r, err := b.throughput(ctx, s, c)
+				if err != nil {
+					return fmt.Errorf("throughput %s, %s: %v", c.key(), s.name, err)
 				}
+				rep.addThroughput(c, s.name, r)
+				logf("throughput %-24s %-10s round %d: %9.0f events/s %7.1f MB/s %6.2f µs CPU/event, %.2f context switches/event, %.0f stalls",
+					c.key(), s.name, round+1, r.eventsPerSec(), r.mbPerSec(), r.cpuPerEvent(), r.cswPerEvent(), r.stalls)
 			}
 		}
 	}
@@ -270,7 +277,7 @@ func run(cfg config, stdout io.Writer) error {
 			}
 		}
 	}
-	if m, err := px.metrics(ctx); err == nil {
+	if m, err := px.metrics(); err == nil {
 		rep.metricsAfter = m
 	}
 	rep.otherCores = sampleLoad().otherCores(load0)
@@ -303,14 +310,9 @@ func (b *bench) profile(ctx context.Context, path string) error {
 		return err
 	}
 	defer pprof.StopCPUProfile()
-	if b.cfg.phases["throughput"] {
-		for _, conc := range b.cfg.concurrency {
-			for _, size := range b.cfg.sizes {
-				c := tpConfig{size: size, streams: conc, total: eventsPerRun(size, b.cfg.scale)}
-				if _, err := b.throughput(ctx, b.resume, c); err != nil {
-					return fmt.Errorf("profile pass: %v", err)
-				}
-			}
+	for _, c := range b.cfg.tpConfigs() {
+		if _, err := b.throughput(ctx, b.resume, c); err != nil {
+			return fmt.Errorf("profile pass: %v", err)
 		}
 	}
 	if b.cfg.phases["resume"] && len(b.cfg.replayCounts) > 0 {

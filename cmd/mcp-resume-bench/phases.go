@@ -9,14 +9,18 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/http"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 )
 
 // setup is one of the two ways through the same Caddy to the same upstream.
@@ -28,9 +32,9 @@ type setup struct {
 
 type bench struct {
 	cfg    config
-	up     *upstream
+	up     *mcptest.Upstream
 	px     *proxy
-	cl     *client
+	hc     *http.Client // every session's connections
 	plain  setup
 	resume setup
 	logf   func(format string, args ...any)
@@ -43,12 +47,6 @@ func (b *bench) order(round int) []setup {
 		return []setup{b.plain, b.resume}
 	}
 	return []setup{b.resume, b.plain}
-}
-
-// cpuTime is the process's user+system CPU time so far.
-func cpuTime() time.Duration {
-	cpu, _ := usage()
-	return cpu
 }
 
 // usage returns the process's user+system CPU time and its context switches
@@ -65,16 +63,19 @@ var progressPrefix = []byte(`{"jsonrpc":"2.0","method":"notifications/progress"`
 
 // drain reads a tools/call stream to its end: progress events, then the
 // response. onEvent (optional) sees each progress event as it is read.
-func drain(body io.Reader, onEvent func(ev sseEvent)) (events, payload int64, err error) {
-	rd := newSSEReader(body)
+func drain(body io.Reader, onEvent func(ev mcptest.RawEvent)) (events, payload int64, err error) {
+	rd := mcptest.NewSSEReader(body, 64<<10)
 	gotResponse := false
 	for {
-		ev, err := rd.next()
+		ev, err := rd.NextRaw()
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
 			return events, payload, err
+		}
+		if len(ev.Data) == 0 {
+			continue // no message: nothing the benchmark asked for
 		}
 		if bytes.HasPrefix(ev.Data, progressPrefix) {
 			events++
@@ -138,14 +139,14 @@ func (r tpResult) cswPerEvent() float64  { return float64(r.csw) / float64(r.eve
 // session, each streaming as fast as the upstream can write.
 func (b *bench) throughput(ctx context.Context, s setup, c tpConfig) (tpResult, error) {
 	per := max(c.total/c.streams, 1)
-	sids, err := b.cl.openSessions(ctx, s.base, c.streams, 16)
-	defer b.cl.closeSessions(context.WithoutCancel(ctx), s.base, sids, 16)
+	sessions, err := b.openSessions(ctx, s.base, c.streams, 16)
+	defer closeSessions(context.WithoutCancel(ctx), sessions, 16)
 	if err != nil {
 		return tpResult{}, err
 	}
-	var before map[string]float64
+	var before mcptest.Metrics
 	if s.resume {
-		if before, err = b.px.metrics(ctx); err != nil {
+		if before, err = b.px.metrics(); err != nil {
 			return tpResult{}, err
 		}
 	}
@@ -153,8 +154,8 @@ func (b *bench) throughput(ctx context.Context, s setup, c tpConfig) (tpResult, 
 	var events, payload atomic.Int64
 	cpu0, csw0 := usage()
 	t0 := time.Now()
-	err = parallel(c.streams, c.streams, func(i int) error {
-		resp, err := b.cl.call(ctx, s.base, sids[i], callArgs{N: per, Size: c.size})
+	err = mcptest.Parallel(c.streams, c.streams, func(i int) error {
+		resp, err := sessions[i].Call(ctx, 1, "stream", mcptest.StreamArgs{N: per, Size: c.size}, token)
 		if err != nil {
 			return err
 		}
@@ -171,11 +172,11 @@ func (b *bench) throughput(ctx context.Context, s setup, c tpConfig) (tpResult, 
 	cpu1, csw1 := usage()
 	r := tpResult{events: events.Load(), payload: payload.Load(), elapsed: elapsed, cpu: cpu1 - cpu0, csw: csw1 - csw0}
 	if s.resume && err == nil {
-		after, err := b.px.metrics(ctx)
+		after, err := b.px.metrics()
 		if err != nil {
 			return r, err
 		}
-		r.stalls = after[metricStalls] - before[metricStalls]
+		r.stalls = total(after, metricStalls) - total(before, metricStalls)
 	}
 	return r, err
 }
@@ -187,21 +188,21 @@ type latResult struct{ p50, p99, max float64 } // microseconds
 // latency streams paced events with their write time embedded and measures
 // upstream write -> client read for each.
 func (b *bench) latency(ctx context.Context, s setup) (latResult, error) {
-	sids, err := b.cl.openSessions(ctx, s.base, 1, 1)
-	defer b.cl.closeSessions(context.WithoutCancel(ctx), s.base, sids, 1)
+	sessions, err := b.openSessions(ctx, s.base, 1, 1)
+	defer closeSessions(context.WithoutCancel(ctx), sessions, 1)
 	if err != nil {
 		return latResult{}, err
 	}
 	runtime.GC()
-	resp, err := b.cl.call(ctx, s.base, sids[0], callArgs{
-		N: b.cfg.latencyEvents, Size: b.cfg.latencySize, TS: true, IntervalUS: int(b.cfg.latencyInterval.Microseconds()),
-	})
+	resp, err := sessions[0].Call(ctx, 1, "stream", mcptest.StreamArgs{
+		N: b.cfg.latencyEvents, Size: b.cfg.latencySize, TS: true, IntervalMS: float64(b.cfg.latencyInterval) / float64(time.Millisecond),
+	}, token)
 	if err != nil {
 		return latResult{}, err
 	}
 	defer resp.Body.Close()
 	lats := make([]float64, 0, b.cfg.latencyEvents)
-	_, _, err = drain(resp.Body, func(ev sseEvent) {
+	_, _, err = drain(resp.Body, func(ev mcptest.RawEvent) {
 		now := time.Now().UnixNano()
 		if ts, ok := parseTS(ev.Data); ok {
 			lats = append(lats, float64(now-ts)/1e3)
@@ -227,54 +228,64 @@ type resumeResult struct {
 func (r resumeResult) eventsPerSec() float64 { return float64(r.events) / r.replay.Seconds() }
 func (r resumeResult) mbPerSec() float64     { return float64(r.payload) / 1e6 / r.replay.Seconds() }
 
-func token() string {
+// token is the progress token of every call.
+const token = "b"
+
+// holdToken names a hold of the upstream.
+func holdToken() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
 
 // waitStream polls the admin API until cond holds for a session's stream.
-func (b *bench) waitStream(ctx context.Context, sid string, num uint32, timeout time.Duration, what string,
-	cond func(state string, connected bool) bool) error {
+func (b *bench) waitStream(sid string, num uint32, timeout time.Duration, what string, cond func(buffer.StreamInfo) bool) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		state, connected, err := b.px.streamState(ctx, sid, num)
+		s, _, err := mcptest.Session(b.px.admin, sid)
 		if err != nil {
 			return err
 		}
-		if cond(state, connected) {
+		i := slices.IndexFunc(s.Streams, func(st buffer.StreamInfo) bool { return st.Num == num })
+		if i < 0 {
+			return fmt.Errorf("session %s has no stream %d", sid, num)
+		}
+		st := s.Streams[i]
+		if cond(st) {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("timed out after %v waiting for %s (state %s, connected %v)", timeout, what, state, connected)
+			return fmt.Errorf("timed out after %v waiting for %s (state %s, connected %v)", timeout, what, st.State, st.Connected)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// detached is a waitStream condition: no client reads the stream.
+func detached(st buffer.StreamInfo) bool { return !st.Connected }
 
 // resumeRun: a client reads a few events and drops; the upstream then
 // finishes into the log; a GET with the last seen Last-Event-ID replays the
 // rest (n-pre events and the response) from the log to the end.
 func (b *bench) resumeRun(ctx context.Context, n int) (resumeResult, error) {
 	const pre = 5
-	s := b.resume
-	sids, err := b.cl.openSessions(ctx, s.base, 1, 1)
-	defer b.cl.closeSessions(context.WithoutCancel(ctx), s.base, sids, 1)
+	sessions, err := b.openSessions(ctx, b.resume.base, 1, 1)
+	defer closeSessions(context.WithoutCancel(ctx), sessions, 1)
 	if err != nil {
 		return resumeResult{}, err
 	}
-	sid := sids[0]
-	tok := token()
-	b.up.hold(tok)
-	defer b.up.release(tok)
-	resp, err := b.cl.call(ctx, s.base, sid, callArgs{N: n, Size: b.cfg.replaySize, Pre: pre, Hold: tok})
+	cl, sid := sessions[0], sessions[0].SessionID
+	hold := holdToken()
+	b.up.Hold(hold)
+	defer b.up.Release(hold)
+	resp, err := cl.Call(ctx, 1, "stream", mcptest.StreamArgs{N: n, Size: b.cfg.replaySize, Pre: pre, Hold: hold}, token)
 	if err != nil {
 		return resumeResult{}, err
 	}
-	rd := newSSEReader(resp.Body)
+	rd := mcptest.NewSSEReader(resp.Body, 64<<10)
 	var lastID string
 	for got := 0; got < pre; {
-		ev, err := rd.next()
+		ev, err := rd.NextRaw()
 		if err != nil {
 			resp.Body.Close()
 			return resumeResult{}, fmt.Errorf("reading the first events: %v", err)
@@ -291,15 +302,14 @@ func (b *bench) resumeRun(ctx context.Context, n int) (resumeResult, error) {
 	}
 	// Release the upstream only once the proxy has noticed the client left,
 	// so every further event stays undelivered in the log.
-	if err := b.waitStream(ctx, sid, id.Stream, 10*time.Second, "the client to detach",
-		func(_ string, connected bool) bool { return !connected }); err != nil {
+	if err := b.waitStream(sid, id.Stream, 10*time.Second, "the client to detach", detached); err != nil {
 		return resumeResult{}, err
 	}
 	runtime.GC()
 	t0 := time.Now()
-	b.up.release(tok)
-	if err := b.waitStream(ctx, sid, id.Stream, 2*time.Minute, "the stream to complete",
-		func(state string, _ bool) bool { return state != "live" }); err != nil {
+	b.up.Release(hold)
+	if err := b.waitStream(sid, id.Stream, 2*time.Minute, "the stream to complete",
+		func(st buffer.StreamInfo) bool { return st.State != "live" }); err != nil {
 		return resumeResult{}, err
 	}
 	r := resumeResult{fill: time.Since(t0)}
@@ -307,13 +317,16 @@ func (b *bench) resumeRun(ctx context.Context, n int) (resumeResult, error) {
 
 	runtime.GC()
 	t1 := time.Now()
-	resp, err = b.cl.resume(ctx, s.base, sid, lastID)
+	resp, err = cl.Resume(ctx, lastID)
 	if err != nil {
 		return r, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return r, fmt.Errorf("resume: %d", resp.StatusCode)
+	}
 	first := true
-	r.events, r.payload, err = drain(resp.Body, func(sseEvent) {
+	r.events, r.payload, err = drain(resp.Body, func(mcptest.RawEvent) {
 		if first {
 			r.ttfb, first = time.Since(t1), false
 		}
@@ -343,23 +356,21 @@ func snapshot() memSnap {
 }
 
 type memResult struct {
-	sessions        int
 	initRate        float64 // sessions opened per second (initialize + initialized)
 	idle            memSnap // delta for n idle sessions
 	retained        memSnap // further delta once each session retains events
-	retainedPayload int64   // stored event bytes (without the accounting overhead)
-	retainedBytes   int64   // retained_bytes metric (payload + 64 B per event)
+	retainedPayload int64   // stored event bytes: retained_bytes without its 64 B per event
 }
 
 // memory opens n idle sessions and measures what they hold; with mcp_resume
 // each session then retains one undelivered tools/call stream (the client
 // drops right after the response headers) and that is measured too.
 func (b *bench) memory(ctx context.Context, s setup, n int) (memResult, error) {
-	r := memResult{sessions: n}
+	var r memResult
 	m0 := snapshot()
 	t0 := time.Now()
-	sids, err := b.cl.openSessions(ctx, s.base, n, 8)
-	defer b.cl.closeSessions(context.WithoutCancel(ctx), s.base, sids, 8)
+	sessions, err := b.openSessions(ctx, s.base, n, 8)
+	defer closeSessions(context.WithoutCancel(ctx), sessions, 8)
 	if err != nil {
 		return r, err
 	}
@@ -369,22 +380,21 @@ func (b *bench) memory(ctx context.Context, s setup, n int) (memResult, error) {
 	if !s.resume {
 		return r, nil
 	}
-	before, err := b.px.metrics(ctx)
+	before, err := b.px.metrics()
 	if err != nil {
 		return r, err
 	}
 	k := b.cfg.retainEvents
-	err = parallel(n, 8, func(i int) error {
-		tok := token()
-		b.up.hold(tok)
-		defer b.up.release(tok)
-		resp, err := b.cl.call(ctx, s.base, sids[i], callArgs{N: k, Size: b.cfg.retainSize, Hold: tok})
+	err = mcptest.Parallel(n, 8, func(i int) error {
+		hold := holdToken()
+		b.up.Hold(hold)
+		defer b.up.Release(hold)
+		resp, err := sessions[i].Call(ctx, 1, "stream", mcptest.StreamArgs{N: k, Size: b.cfg.retainSize, Hold: hold}, token)
 		if err != nil {
 			return err
 		}
 		resp.Body.Close()
-		return b.waitStream(ctx, sids[i], 1, 10*time.Second, "the client to detach",
-			func(_ string, connected bool) bool { return !connected })
+		return b.waitStream(sessions[i].SessionID, 1, 10*time.Second, "the client to detach", detached)
 	})
 	if err != nil {
 		return r, err
@@ -392,18 +402,18 @@ func (b *bench) memory(ctx context.Context, s setup, n int) (memResult, error) {
 	// Wait until every upstream response is in the log.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		m, err := b.px.metrics(ctx)
+		m, err := b.px.metrics()
 		if err != nil {
 			return r, err
 		}
 		// A scrape reads the counters before the gauges, so a stream that
 		// finished in between shows no upstream read yet not all its events:
 		// wait for the count, not just for the reads to end.
-		events := m["caddy_mcp_resume_events_enqueued_total"] - before["caddy_mcp_resume_events_enqueued_total"]
+		events := total(m, "caddy_mcp_resume_events_enqueued_total") - total(before, "caddy_mcp_resume_events_enqueued_total")
 		want := int64(n) * int64(k+1)
-		if b.up.active.Load() == 0 && m["caddy_mcp_resume_upstream_reads"] == 0 && int64(events) == want {
-			r.retainedBytes = int64(m["caddy_mcp_resume_retained_bytes"] - before["caddy_mcp_resume_retained_bytes"])
-			r.retainedPayload = r.retainedBytes - int64(events)*64
+		if b.up.Active() == 0 && total(m, "caddy_mcp_resume_upstream_reads") == 0 && int64(events) == want {
+			retained := total(m, "caddy_mcp_resume_retained_bytes") - total(before, "caddy_mcp_resume_retained_bytes")
+			r.retainedPayload = int64(retained) - int64(events)*64
 			break
 		}
 		if time.Now().After(deadline) {
@@ -428,7 +438,8 @@ type loadSample struct {
 const clockTicks = 100 // USER_HZ on Linux
 
 func sampleLoad() loadSample {
-	s := loadSample{own: cpuTime(), at: time.Now()}
+	own, _ := usage()
+	s := loadSample{own: own, at: time.Now()}
 	if b, err := os.ReadFile("/proc/stat"); err == nil {
 		if busy, _, err := procStatCPU(string(b)); err == nil {
 			s.busy, s.ok = time.Duration(busy)*time.Second/clockTicks, true

@@ -2,22 +2,16 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
-	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	_ "github.com/caddyserver/caddy/v2/modules/standard"
-
-	_ "github.com/mcpresume/caddy-mcp-resume"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 )
+
+// protocolVersion is what the clients ask for: resumable, no priming.
+const protocolVersion = "2025-06-18"
 
 // moduleOptions configure mcp_resume so that backpressure never throttles the
 // benchmark. A stream sustains at most max_stream_bytes per resume_window,
@@ -40,143 +34,81 @@ type proxy struct {
 	resumeBase string // mcp_resume + reverse_proxy
 	plainBase  string // reverse_proxy only
 	admin      string
-	home       string
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// caddyfile returns the benchmark's Caddyfile.
-func caddyfile(adminPort, resumePort, plainPort, httpsPort int, upstream string) string {
-	opts := "\t\t\t" + strings.Join(moduleOptions, "\n\t\t\t")
-	return fmt.Sprintf(`{
-	admin localhost:%d
-	http_port %d
-	https_port %d
-	auto_https off
-	persist_config off
-	grace_period 1s
-	skip_install_trust
-	log {
-		level ERROR
-	}
-}
-:%d {
-	bind 127.0.0.1
-	route /mcp* {
-		mcp_resume {
-%s
-		}
-		reverse_proxy %s
-	}
-}
-:%d {
-	bind 127.0.0.1
-	route /mcp* {
-		reverse_proxy %s
-	}
-}
-`, adminPort, resumePort, httpsPort, resumePort, opts, upstream, plainPort, upstream)
+	cleanup    func()
 }
 
 func startProxy(upstream string) (*proxy, error) {
-	home, err := os.MkdirTemp("", "mcp-resume-bench-")
+	cleanup, err := mcptest.Isolate()
 	if err != nil {
 		return nil, err
 	}
-	for _, k := range []string{"HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"} {
-		os.Setenv(k, home)
-	}
-	var ports [4]int
+	var ports [4]int // admin, mcp_resume, plain, https
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = mcptest.FreePort(); err != nil {
 			return nil, err
 		}
 	}
-	cfg := caddyfile(ports[0], ports[1], ports[2], ports[3], upstream)
-	js, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
-	if err != nil {
-		return nil, fmt.Errorf("adapting Caddyfile: %v\n%s", err, cfg)
-	}
-	if err := caddy.Load(js, true); err != nil {
-		return nil, fmt.Errorf("loading config: %v", err)
-	}
+	const bind = "\tbind 127.0.0.1\n"
+	err = mcptest.Load(mcptest.Config{AdminPort: ports[0], HTTPPort: ports[1], HTTPSPort: ports[3], Sites: []mcptest.Site{
+		{Port: ports[1], Body: bind + mcptest.ResumeRoute(upstream, "\t\t\t"+strings.Join(moduleOptions, "\n\t\t\t"))},
+		{Port: ports[2], Body: bind + mcptest.ProxyRoute(upstream)},
+	}})
 	p := &proxy{
 		resumeBase: fmt.Sprintf("http://127.0.0.1:%d", ports[1]),
 		plainBase:  fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
 		admin:      fmt.Sprintf("http://localhost:%d", ports[0]),
-		home:       home,
+		cleanup:    cleanup,
 	}
-	for _, port := range ports[1:3] {
-		if err := waitListening(port); err != nil {
-			p.stop()
-			return nil, err
-		}
+	if err != nil {
+		p.stop()
+		return nil, err
 	}
 	return p, nil
 }
 
 func (p *proxy) stop() {
-	caddy.Stop()
-	os.RemoveAll(p.home)
+	mcptest.Stop()
+	p.cleanup()
 }
 
-func waitListening(port int) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-			c.Close()
+// metrics scrapes the admin endpoint's metrics.
+func (p *proxy) metrics() (mcptest.Metrics, error) {
+	return mcptest.ScrapeMetrics(p.admin + "/metrics")
+}
+
+// total is a metric summed over its labels, 0 if not exposed.
+func total(m mcptest.Metrics, name string) float64 {
+	v, _ := m.Sum(name)
+	return v
+}
+
+// newHTTPClient has a connection pool large enough for every concurrent
+// stream.
+func newHTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 512,
+		IdleConnTimeout:     time.Minute,
+		DisableCompression:  true,
+	}}
+}
+
+// openSessions opens n sessions on base, workers at a time.
+func (b *bench) openSessions(ctx context.Context, base string, n, workers int) ([]*mcptest.Client, error) {
+	cs := make([]*mcptest.Client, n)
+	err := mcptest.Parallel(n, workers, func(i int) error {
+		cs[i] = mcptest.NewClient(base, protocolVersion, b.hc)
+		return cs[i].Initialize(ctx)
+	})
+	return cs, err
+}
+
+// closeSessions deletes the sessions that were opened.
+func closeSessions(ctx context.Context, cs []*mcptest.Client, workers int) error {
+	return mcptest.Parallel(len(cs), workers, func(i int) error {
+		if cs[i] == nil || cs[i].SessionID == "" {
 			return nil
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return fmt.Errorf("nothing listens on port %d", port)
-}
-
-// metrics scrapes mcp_resume's metrics from Caddy's admin endpoint.
-func (p *proxy) metrics(ctx context.Context) (map[string]float64, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.admin+"/metrics", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	return parseMetrics(string(b)), nil
-}
-
-// streamState returns the state of stream num of a session from the admin
-// API, and whether a client connection is reading it.
-func (p *proxy) streamState(ctx context.Context, sid string, num uint32) (state string, connected bool, err error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.admin+"/mcp_resume/sessions/"+sid, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return "", false, err
-	}
-	defer resp.Body.Close()
-	var info struct {
-		Streams []struct {
-			Num       uint32 `json:"stream"`
-			State     string `json:"state"`
-			Connected bool   `json:"connected"`
-		} `json:"streams"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
-		return "", false, err
-	}
-	for _, s := range info.Streams {
-		if s.Num == num {
-			return s.State, s.Connected, nil
-		}
-	}
-	return "", false, fmt.Errorf("session %s has no stream %d", sid, num)
+		return cs[i].Delete(ctx)
+	})
 }

@@ -8,6 +8,8 @@ import (
 	"runtime/debug"
 	"strings"
 	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 )
 
 type memKey struct {
@@ -24,7 +26,7 @@ type report struct {
 	memory                      map[memKey]memResult
 	elapsed                     time.Duration
 	otherCores                  float64 // average cores other processes used meanwhile
-	metricsBefore, metricsAfter map[string]float64
+	metricsBefore, metricsAfter mcptest.Metrics
 }
 
 func newReport(cfg config) *report {
@@ -129,8 +131,8 @@ func (r *report) markdown() string {
 	fmt.Fprintf(&out, "- One process, loopback only: a minimal MCP upstream (net/http, flushes %s), one Caddy with two sites on it, raw Streamable HTTP clients (protocol %s).\n",
 		map[bool]string{true: "after every event", false: "when its buffer fills"}[r.cfg.flushEach], protocolVersion)
 	fmt.Fprintf(&out, "- mcp_resume options: `%s`. A stream sustains at most max_stream_bytes per resume_window (3 GiB/s here), so backpressure does not throttle the benchmark", strings.Join(moduleOptions, "; "))
-	if r.metricsAfter != nil {
-		d := func(k string) float64 { return r.metricsAfter[k] - r.metricsBefore[k] }
+	if r.metricsAfter.Series != nil {
+		d := func(k string) float64 { return total(r.metricsAfter, k) - total(r.metricsBefore, k) }
 		fmt.Fprintf(&out, ": %.0f backpressure stalls, %.0f events evicted before ack, %.0f events through the logs during the run",
 			d("caddy_mcp_resume_backpressure_stalls_total"), d("caddy_mcp_resume_events_evicted_before_ack_total"), d("caddy_mcp_resume_events_enqueued_total"))
 	}

@@ -1,11 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"sort"
 	"strconv"
@@ -133,44 +131,6 @@ func bytesStr(v float64) string {
 
 // ---- event payloads ---------------------------------------------------------
 
-// eventPrefix and eventSuffix frame every upstream event on the wire.
-const (
-	eventPrefix = "event: message\ndata: "
-	eventSuffix = "\n\n"
-)
-
-// appendProgress appends one SSE event carrying a notifications/progress
-// message whose JSON (the data field) is size bytes long when size allows:
-// padded with a "message" string, or with JSON whitespace when even an empty
-// "message" field would not fit. If the bare message is already longer than
-// size it is written as is. ts > 0 is embedded as "ts" (unix nanos) for
-// latency measurements. It returns the extended slice and the JSON length.
-func appendProgress(dst []byte, progress int, ts int64, size int) ([]byte, int) {
-	dst = append(dst, eventPrefix...)
-	start := len(dst)
-	dst = append(dst, `{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":`...)
-	dst = strconv.AppendInt(dst, int64(progress), 10)
-	if ts > 0 {
-		dst = append(dst, `,"ts":`...)
-		dst = strconv.AppendInt(dst, ts, 10)
-	}
-	const msgField, closing = `,"message":""`, `}}`
-	if pad := size - (len(dst) - start) - len(closing); pad >= len(msgField) {
-		dst = append(dst, `,"message":"`...)
-		for i := 0; i < pad-len(msgField); i++ {
-			dst = append(dst, 'x')
-		}
-		dst = append(dst, '"')
-	} else {
-		for i := 0; i < pad; i++ {
-			dst = append(dst, ' ')
-		}
-	}
-	dst = append(dst, closing...)
-	n := len(dst) - start
-	return append(dst, eventSuffix...), n
-}
-
 // parseTS extracts the "ts" number from an event's data; false if absent.
 func parseTS(data []byte) (int64, bool) {
 	i := bytes.Index(data, []byte(`"ts":`))
@@ -184,120 +144,6 @@ func parseTS(data []byte) (int64, bool) {
 		v = v*10 + int64(data[k]-'0')
 	}
 	return v, k > j
-}
-
-// ---- SSE client reading -------------------------------------------------------
-
-// sseReader reads SSE events from a response body with few allocations.
-// Event.Data and Event.ID alias internal buffers valid until the next call.
-type sseReader struct {
-	br   *bufio.Reader
-	line []byte
-	data []byte
-	id   []byte
-}
-
-type sseEvent struct {
-	ID, Data []byte
-	Type     string
-}
-
-func newSSEReader(r io.Reader) *sseReader {
-	return &sseReader{br: bufio.NewReaderSize(r, 64<<10)}
-}
-
-// readLine returns one line without its LF (or CRLF); it may be longer than
-// the bufio buffer.
-func (r *sseReader) readLine() ([]byte, error) {
-	b, err := r.br.ReadSlice('\n')
-	if errors.Is(err, bufio.ErrBufferFull) {
-		r.line = append(r.line[:0], b...)
-		for errors.Is(err, bufio.ErrBufferFull) {
-			b, err = r.br.ReadSlice('\n')
-			r.line = append(r.line, b...)
-		}
-		b = r.line
-	}
-	if err != nil {
-		if err == io.EOF && len(b) > 0 {
-			err = io.ErrUnexpectedEOF
-		}
-		return nil, err
-	}
-	b = b[:len(b)-1]
-	if len(b) > 0 && b[len(b)-1] == '\r' {
-		b = b[:len(b)-1]
-	}
-	return b, nil
-}
-
-// next returns the next event that has data (comments and empty events are
-// skipped). io.EOF at a clean end of the body.
-func (r *sseReader) next() (sseEvent, error) {
-	r.data, r.id = r.data[:0], r.id[:0]
-	var typ string
-	hasData := false
-	for {
-		line, err := r.readLine()
-		if err != nil {
-			return sseEvent{}, err
-		}
-		switch {
-		case len(line) == 0:
-			if hasData {
-				return sseEvent{ID: r.id, Data: r.data, Type: typ}, nil
-			}
-			r.id, typ = r.id[:0], ""
-		case line[0] == ':':
-		case bytes.HasPrefix(line, []byte("data:")):
-			v := bytes.TrimPrefix(line[5:], []byte(" "))
-			if hasData {
-				r.data = append(r.data, '\n')
-			}
-			r.data = append(r.data, v...)
-			hasData = true
-		case bytes.HasPrefix(line, []byte("id:")):
-			r.id = append(r.id[:0], bytes.TrimPrefix(line[3:], []byte(" "))...)
-		case bytes.HasPrefix(line, []byte("event:")):
-			typ = string(bytes.TrimPrefix(line[6:], []byte(" ")))
-		}
-	}
-}
-
-// ---- Prometheus text ------------------------------------------------------------
-
-// parseMetrics sums the samples of every metric in a Prometheus text
-// exposition by metric name (labels are summed over).
-func parseMetrics(text string) map[string]float64 {
-	out := make(map[string]float64)
-	for _, line := range strings.Split(text, "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name := line
-		if i := strings.IndexAny(line, "{ "); i >= 0 {
-			name = line[:i]
-		}
-		rest := line[len(name):]
-		if strings.HasPrefix(rest, "{") {
-			j := strings.LastIndexByte(rest, '}')
-			if j < 0 {
-				continue
-			}
-			rest = rest[j+1:]
-		}
-		fields := strings.Fields(rest)
-		if len(fields) == 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(fields[0], 64)
-		if err != nil {
-			continue
-		}
-		out[name] += v
-	}
-	return out
 }
 
 // statmRSS returns the resident set size from the text of /proc/self/statm.

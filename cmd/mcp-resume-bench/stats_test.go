@@ -2,11 +2,12 @@ package main
 
 import (
 	"encoding/json"
-	"io"
 	"math"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 )
 
 func TestPercentile(t *testing.T) {
@@ -66,84 +67,22 @@ func TestFormatting(t *testing.T) {
 	}
 }
 
-func TestAppendProgress(t *testing.T) {
+func TestParseTS(t *testing.T) {
+	ts := time.Now().UnixNano()
 	for _, c := range []struct {
-		size int
 		ts   int64
-	}{{100, 0}, {1024, 0}, {16384, 0}, {1024, time.Now().UnixNano()}, {110, 0}, {96, 0}} {
-		for _, progress := range []int{1, 12345, 199999} {
-			ev, n := appendProgress(nil, progress, c.ts, c.size)
-			s := string(ev)
-			if !strings.HasPrefix(s, eventPrefix) || !strings.HasSuffix(s, eventSuffix) {
-				t.Fatalf("framing: %q", s)
-			}
-			data := strings.TrimSuffix(strings.TrimPrefix(s, eventPrefix), eventSuffix)
-			if len(data) != n {
-				t.Errorf("size %d: reported %d, data is %d", c.size, n, len(data))
-			}
-			if n != c.size && n <= c.size {
-				t.Errorf("size %d progress %d: data is %d bytes, want exactly the size", c.size, progress, n)
-			}
-			var msg struct {
-				Method string `json:"method"`
-				Params struct {
-					Progress int   `json:"progress"`
-					TS       int64 `json:"ts"`
-				} `json:"params"`
-			}
-			if err := json.Unmarshal([]byte(data), &msg); err != nil {
-				t.Fatalf("size %d: not JSON: %v: %s", c.size, err, data)
-			}
-			if msg.Method != "notifications/progress" || msg.Params.Progress != progress || msg.Params.TS != c.ts {
-				t.Errorf("size %d: decoded %+v", c.size, msg)
-			}
-			if ts, ok := parseTS([]byte(data)); ok != (c.ts > 0) || ts != c.ts {
-				t.Errorf("parseTS = %d, %v; want %d", ts, ok, c.ts)
-			}
+		size int
+	}{{ts, 1024}, {ts, 100}, {0, 1024}} {
+		ev := mcptest.AppendProgress(nil, json.RawMessage(`"b"`), 12345, c.ts, c.size)
+		if got, ok := parseTS(ev); ok != (c.ts > 0) || got != c.ts {
+			t.Errorf("parseTS = %d, %v; want %d", got, ok, c.ts)
 		}
-	}
-	// The bare message is about 97 bytes: smaller sizes cannot be met.
-	if _, n := appendProgress(nil, 1, 0, 10); n <= 10 {
-		t.Errorf("size 10 gave %d bytes", n)
-	}
-}
-
-func TestSSEReader(t *testing.T) {
-	long := strings.Repeat("y", 100<<10) // longer than the reader's buffer
-	in := ": mcp-resume\n\n" +
-		"id: a-1-1\nevent: message\ndata: {\"a\":1}\n\n" +
-		"id: a-1-2\r\ndata: line1\r\ndata: line2\r\n\r\n" +
-		"id: lonely\n\n" + // no data: skipped
-		"data: " + long + "\n\n" +
-		"data: unterminated"
-	rd := newSSEReader(strings.NewReader(in))
-	want := []struct{ id, typ, data string }{
-		{"a-1-1", "message", `{"a":1}`}, {"a-1-2", "", "line1\nline2"}, {"", "", long},
-	}
-	for i, w := range want {
-		ev, err := rd.next()
-		if err != nil {
-			t.Fatalf("event %d: %v", i, err)
-		}
-		if string(ev.ID) != w.id || ev.Type != w.typ || string(ev.Data) != w.data {
-			t.Errorf("event %d: id %q type %q data %.40q", i, ev.ID, ev.Type, ev.Data)
-		}
-	}
-	if _, err := rd.next(); err != io.ErrUnexpectedEOF {
-		t.Errorf("truncated tail: %v, want unexpected EOF", err)
-	}
-	if _, err := newSSEReader(strings.NewReader("data: x\n\n")).next(); err != nil {
-		t.Error(err)
-	}
-	r2 := newSSEReader(strings.NewReader(""))
-	if _, err := r2.next(); err != io.EOF {
-		t.Errorf("empty body: %v, want EOF", err)
 	}
 }
 
 func TestDrain(t *testing.T) {
-	ev1, _ := appendProgress(nil, 1, 0, 200)
-	ev2, _ := appendProgress(nil, 2, 0, 200)
+	ev1 := mcptest.AppendProgress(nil, json.RawMessage(`"b"`), 1, 0, 200)
+	ev2 := mcptest.AppendProgress(nil, json.RawMessage(`"b"`), 2, 0, 200)
 	body := ": mcp-resume\n\nid: x-1-1\n" + string(ev1) + string(ev2) +
 		"event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n"
 	n, p, err := drain(strings.NewReader(body), nil)
@@ -152,22 +91,6 @@ func TestDrain(t *testing.T) {
 	}
 	if _, _, err := drain(strings.NewReader(string(ev1)), nil); err == nil {
 		t.Error("a stream without its response should be an error")
-	}
-}
-
-func TestParseMetrics(t *testing.T) {
-	text := `# HELP caddy_mcp_resume_backpressure_stalls_total x
-# TYPE caddy_mcp_resume_backpressure_stalls_total counter
-caddy_mcp_resume_backpressure_stalls_total 3
-caddy_mcp_resume_streams_failed_total{reason="stalled"} 2
-caddy_mcp_resume_streams_failed_total{reason="a b}c"} 1
-caddy_mcp_resume_retained_bytes 1.5e+06
-garbage{
-`
-	m := parseMetrics(text)
-	if m["caddy_mcp_resume_backpressure_stalls_total"] != 3 || m["caddy_mcp_resume_streams_failed_total"] != 3 ||
-		m["caddy_mcp_resume_retained_bytes"] != 1.5e6 || len(m) != 3 {
-		t.Errorf("parseMetrics = %v", m)
 	}
 }
 

@@ -1,7 +1,6 @@
 package backpressure
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,145 +8,59 @@ import (
 	"io"
 	"net/http"
 	"strconv"
-	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
 // ---- the flood upstream ------------------------------------------------------
 
-// flood is a minimal MCP server (Streamable HTTP, 2025-06-18) written with
-// plain net/http: initialize gets a session, notifications get 202, and a
-// tools/call answers with an SSE stream of n progress notifications of exactly
-// eventSize bytes each, written and flushed as fast as the connection takes
-// them, then the JSON-RPC response. It counts what it managed to write.
-type flood struct {
-	eventSize int
-
-	nextSession atomic.Int64
-	mu          sync.Mutex
-	calls       map[string]*floodCall // by session id
+// newFlood is the upstream of the flood tests: an mcptest.Upstream whose
+// tools/call streams progress notifications flushed one by one as fast as
+// the connection takes them, and which counts what it managed to write.
+func newFlood() *mcptest.Upstream {
+	return &mcptest.Upstream{Version: "2025-06-18", FlushEach: true, KeepCalls: true}
 }
 
-type floodCall struct {
-	n        int
-	written  atomic.Int64 // bytes of progress events flushed to the socket
-	events   atomic.Int64 // progress events flushed
-	finished atomic.Bool  // the response was flushed too
-	done     chan struct{}
+// floodArgs asks for n progress events of exactly eventSize bytes on the
+// wire (the sizes in these tests are the upstream's bytes, framing included).
+func floodArgs(n, eventSize int) mcptest.StreamArgs {
+	return mcptest.StreamArgs{N: n, Size: eventSize - len(mcptest.EventPrefix) - len(mcptest.EventSuffix)}
 }
 
-func newFlood(eventSize int) *flood {
-	return &flood{eventSize: eventSize, calls: make(map[string]*floodCall)}
-}
-
-// call returns the (latest) tools/call of a session, waiting for it to start.
-func (f *flood) call(t testing.TB, sid string) *floodCall {
+// floodCall returns the (latest) tools/call of a session, waiting for it to
+// start.
+func floodCall(t testing.TB, f *mcptest.Upstream, sid string) *mcptest.Call {
 	t.Helper()
-	var c *floodCall
-	if !harness.Eventually(10*time.Second, 5*time.Millisecond, func() bool {
-		f.mu.Lock()
-		c = f.calls[sid]
-		f.mu.Unlock()
-		return c != nil
-	}) {
+	var c *mcptest.Call
+	if !mcptest.Eventually(10*time.Second, 5*time.Millisecond, func() bool { c = f.LastCall(sid); return c != nil }) {
 		t.Fatalf("flood: no tools/call arrived for session %s", sid)
 	}
 	return c
 }
 
-// appendProgressEvent appends event i of n, exactly size bytes on the wire
-// (the buffer is reused, so the upstream holds one event at a time).
-func appendProgressEvent(dst []byte, i, n, size int) []byte {
-	dst = fmt.Appendf(dst, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":\"t\",\"progress\":%d,\"total\":%d,\"pad\":\"", i, n)
-	const suffix = "\"}}\n\n"
-	if pad := size - len(suffix) - len(dst); pad > 0 {
-		dst = append(dst, padding[:min(pad, len(padding))]...)
+// upstreamFinished fails the test unless the call's handler ends, having
+// written its response, within 10s.
+func upstreamFinished(t *testing.T, fc *mcptest.Call) {
+	t.Helper()
+	select {
+	case <-fc.Done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream handler did not finish")
 	}
-	return append(dst, suffix...)
-}
-
-var padding = strings.Repeat("x", 1<<20)
-
-func (f *flood) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch r.Method {
-	case http.MethodPost:
-	case http.MethodDelete:
-		w.WriteHeader(http.StatusOK)
-		return
-	default:
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
-	}
-	var msg struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-		Params struct {
-			Arguments struct {
-				N int `json:"n"`
-			} `json:"arguments"`
-		} `json:"params"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&msg); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	if len(msg.ID) == 0 {
-		w.WriteHeader(http.StatusAccepted) // a notification
-		return
-	}
-	switch msg.Method {
-	case "initialize":
-		sid := fmt.Sprintf("flood-%d", f.nextSession.Add(1))
-		w.Header().Set("Mcp-Session-Id", sid)
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"flood","version":"1"}}}`, msg.ID)
-		return
-	case "tools/call":
-	default:
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{}}`, msg.ID)
-		return
-	}
-	c := &floodCall{n: msg.Params.Arguments.N, done: make(chan struct{})}
-	defer close(c.done)
-	f.mu.Lock()
-	f.calls[r.Header.Get("Mcp-Session-Id")] = c
-	f.mu.Unlock()
-
-	rc := http.NewResponseController(w)
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
-	if rc.Flush() != nil {
-		return
-	}
-	ev := make([]byte, 0, f.eventSize+64)
-	for i := 1; i <= c.n; i++ {
-		ev = appendProgressEvent(ev[:0], i, c.n, f.eventSize)
-		if _, err := w.Write(ev); err != nil {
-			return
-		}
-		if rc.Flush() != nil {
-			return
-		}
-		c.written.Add(int64(len(ev)))
-		c.events.Add(1)
-	}
-	fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"flooded %d\"}]}}\n\n", msg.ID, c.n)
-	if rc.Flush() == nil {
-		c.finished.Store(true)
+	if !fc.Finished.Load() {
+		t.Fatal("the upstream could not write its response")
 	}
 }
 
 // ---- Caddy ---------------------------------------------------------------------
 
-// evictedBeforeAck is the metric that must stay 0 (design §4).
+// evictedBeforeAck is the metric that must stay 0: an event may leave the
+// log only once a client acknowledged it or its resume window passed.
 const evictedBeforeAck = "caddy_mcp_resume_events_evicted_before_ack_total"
 
 // assertNoEarlyEviction checks caddy_mcp_resume_events_evicted_before_ack_total
@@ -160,7 +73,7 @@ func assertNoEarlyEviction(t *testing.T, c *harness.Caddy) {
 		t.Errorf("admin /metrics: %v", err)
 		return
 	}
-	v, ok := harness.MetricSum(m, evictedBeforeAck)
+	v, ok := m.Sum(evictedBeforeAck)
 	if !ok {
 		t.Errorf("admin /metrics does not expose %s", evictedBeforeAck)
 		return
@@ -172,85 +85,48 @@ func assertNoEarlyEviction(t *testing.T, c *harness.Caddy) {
 
 // ---- a raw Streamable HTTP client ---------------------------------------------
 
-// client speaks Streamable HTTP by hand over its own cuttable transport.
-// Its methods return errors (no t.Fatal) so goroutines can use them.
+// client is a session over its own cuttable transport. Its methods return
+// errors (no t.Fatal) so goroutines can use them.
 type client struct {
-	url     string
-	version string
-	sid     string
-	ct      *harness.CuttableTransport
-	hc      *http.Client
+	*mcptest.Client
+	ct *mcptest.CuttableTransport
 }
 
-func newClient(base, version string, rcvbuf int) *client {
-	ct := harness.NewCuttableTransportRcvbuf(rcvbuf)
-	return &client{url: base + "/mcp", version: version, ct: ct, hc: &http.Client{Transport: ct}}
+func newClient(base, version string) *client {
+	ct := mcptest.NewCuttableTransport(0)
+	return &client{Client: mcptest.NewClient(base, version, &http.Client{Transport: ct}), ct: ct}
 }
 
 func (c *client) close() { c.ct.CloseIdleConnections(); c.ct.Cut(false) }
 
-func (c *client) do(ctx context.Context, method, body string, extra map[string]string) (*http.Response, error) {
-	req, err := harness.NewStreamableRequest(ctx, method, c.url, body, nil, c.sid, c.version)
-	if err != nil {
-		return nil, err
-	}
-	for k, v := range extra {
-		req.Header.Set(k, v)
-	}
-	return c.hc.Do(req)
-}
-
-// initialize opens a session and sends notifications/initialized.
+// initialize opens the session, within 30s.
 func (c *client) initialize() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err := c.do(ctx, "POST", fmt.Sprintf(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":%q,"capabilities":{},"clientInfo":{"name":"backpressure","version":"1"}}}`, c.version), nil)
-	if err != nil {
-		return fmt.Errorf("initialize: %w", err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return fmt.Errorf("initialize: %d %s", resp.StatusCode, body)
-	}
-	c.sid = resp.Header.Get("Mcp-Session-Id")
-	if c.sid == "" || !bytes.Contains(body, []byte(c.version)) {
-		return fmt.Errorf("initialize: no session or another version: %q", body)
-	}
-	resp, err = c.do(ctx, "POST", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil)
-	if err != nil {
-		return fmt.Errorf("notifications/initialized: %w", err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 202 {
-		return fmt.Errorf("notifications/initialized: %d", resp.StatusCode)
-	}
-	return nil
+	return c.Initialize(ctx)
 }
 
 // call starts a tools/call and returns its open SSE stream.
-func (c *client) call(id int, tool string, args map[string]any, idle time.Duration) (*sseStream, error) {
-	a, _ := json.Marshal(args)
-	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":%s,"_meta":{"progressToken":"t"}}}`, id, tool, a)
-	return c.open("POST", body, nil, idle)
+func (c *client) call(id int, tool string, args any, idle time.Duration) (*sseStream, error) {
+	return c.open("POST", mcptest.CallBody(id, tool, args, "t"), nil, idle)
 }
 
 // resume sends GET with Last-Event-ID and returns the SSE stream.
 func (c *client) resume(lastID string, idle time.Duration) (*sseStream, error) {
-	return c.open("GET", "", map[string]string{"Last-Event-ID": lastID}, idle)
+	return c.open("GET", "", http.Header{"Last-Event-Id": {lastID}}, idle)
 }
 
-func (c *client) open(method, body string, extra map[string]string, idle time.Duration) (*sseStream, error) {
+func (c *client) open(method, body string, extra http.Header, idle time.Duration) (*sseStream, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &sseStream{cancel: cancel, idle: idle}
 	s.watchdog = time.AfterFunc(idle, func() { s.timedOut.Store(true); cancel() })
-	resp, err := c.do(ctx, method, body, extra)
+	resp, err := c.Do(ctx, method, body, extra)
 	if err != nil {
 		s.watchdog.Stop()
 		cancel()
 		return nil, fmt.Errorf("%s: %w", method, err)
 	}
-	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+	if resp.StatusCode != 200 || mcptest.MediaType(resp.Header) != "text/event-stream" {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		s.watchdog.Stop()
@@ -258,7 +134,7 @@ func (c *client) open(method, body string, extra map[string]string, idle time.Du
 		return nil, fmt.Errorf("%s: %d %s %s", method, resp.StatusCode, resp.Header.Get("Content-Type"), b)
 	}
 	s.resp = resp
-	s.events = harness.NewSSEReader(resp.Body, 4096)
+	s.events = mcptest.NewSSEReader(resp.Body, 4096)
 	return s, nil
 }
 
@@ -266,7 +142,7 @@ func (c *client) open(method, body string, extra map[string]string, idle time.Du
 // event arrives for its idle duration.
 type sseStream struct {
 	resp     *http.Response
-	events   *harness.SSEReader
+	events   *mcptest.SSEReader
 	cancel   context.CancelFunc
 	idle     time.Duration
 	watchdog *time.Timer
@@ -274,7 +150,7 @@ type sseStream struct {
 }
 
 // next returns the next event (comments skipped); io.EOF at the end.
-func (s *sseStream) next() (harness.SSEEvent, error) {
+func (s *sseStream) next() (mcptest.Event, error) {
 	s.watchdog.Reset(s.idle)
 	ev, err := s.events.Next()
 	if err != nil && s.timedOut.Load() {
@@ -306,28 +182,9 @@ type tracker struct {
 	events   int // events with data and an id taken
 	done     bool
 	errorMsg string // a JSON-RPC error response, if that ended the call
-	gaps     []gapInfo
+	gaps     []mcptest.Gap
 	lost     int      // sum of the gaps' lost counts
 	warnings []string // notifications/message without an id (sent with a gap)
-}
-
-type gapInfo struct {
-	LastEventID string `json:"lastEventId"`
-	ResumeFrom  string `json:"resumeFrom"`
-	Lost        int    `json:"lost"`
-	Reason      string `json:"reason"`
-}
-
-type message struct {
-	ID     json.RawMessage `json:"id"`
-	Method string          `json:"method"`
-	Params struct {
-		Progress float64 `json:"progress"`
-	} `json:"params"`
-	Result json.RawMessage `json:"result"`
-	Error  *struct {
-		Message string `json:"message"`
-	} `json:"error"`
 }
 
 func (tr *tracker) position(evID string) (eventid.ID, error) {
@@ -344,9 +201,9 @@ func (tr *tracker) position(evID string) (eventid.ID, error) {
 }
 
 // take checks one event; an error means loss, duplication or disorder.
-func (tr *tracker) take(ev harness.SSEEvent, requestID int) error {
+func (tr *tracker) take(ev mcptest.Event, requestID int) error {
 	if ev.Type == "gap" {
-		var g gapInfo
+		var g mcptest.Gap
 		if err := json.Unmarshal([]byte(ev.Data), &g); err != nil {
 			return fmt.Errorf("gap event: %v: %s", err, ev.Data)
 		}
@@ -365,7 +222,7 @@ func (tr *tracker) take(ev harness.SSEEvent, requestID int) error {
 		tr.lastSeq, tr.lastID = id.Seq, ev.ID
 		return nil
 	}
-	var m message
+	var m mcptest.Message
 	if ev.ID == "" {
 		// Only what goes with a gap comes without an id: the warning, or
 		// the error for a request whose response was lost.
@@ -416,23 +273,6 @@ func (tr *tracker) take(ev harness.SSEEvent, requestID int) error {
 		}
 	default:
 		return fmt.Errorf("event %q: unexpected message %.200s", ev.ID, ev.Data)
-	}
-	return nil
-}
-
-// readAll reads a stream to its end (or the call's response) into tr.
-func readAll(s *sseStream, tr *tracker, requestID int) error {
-	for !tr.done {
-		ev, err := s.next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := tr.take(ev, requestID); err != nil {
-			return err
-		}
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -42,9 +43,9 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 		// sessions alone would add 160 MiB.
 		perSessionOverhead = 288 << 10
 	)
-	f := newFlood(eventSize)
-	up := harness.StartUpstreamSmallBuffers(t, f, 16<<10)
-	c := harness.StartCaddy(t, harness.Site(up, `
+	f := newFlood()
+	up := harness.StartHandlerSndbuf(t, f, 16<<10)
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, `
 			max_stream_bytes 128KiB
 			max_session_bytes 256KiB
 			max_total_bytes 16MiB
@@ -68,30 +69,20 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 	}
 	all := make([]*sess, 3*perKind)
 	bySID := make(map[string]*sess)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 16)
 	for i := range all {
-		all[i] = &sess{kind: kind(i % 3), cl: newClient(c.Base(), "2025-06-18", 0)}
-		wg.Add(1)
-		go func(s *sess) {
-			defer wg.Done()
-			sem <- struct{}{}
-			s.err = s.cl.initialize()
-			<-sem
-		}(all[i])
+		all[i] = &sess{kind: kind(i % 3), cl: newClient(c.Base(), "2025-06-18")}
+		defer all[i].cl.close()
 	}
-	wg.Wait()
+	if err := mcptest.Parallel(len(all), 16, func(i int) error { return all[i].cl.initialize() }); err != nil {
+		t.Fatal(err)
+	}
 	for _, s := range all {
-		if s.err != nil {
-			t.Fatal(s.err)
-		}
-		bySID[s.cl.sid] = s
-		defer s.cl.close()
+		bySID[s.cl.SessionID] = s
 	}
-	baseline := harness.SettledHeap()
+	baseline := mcptest.SettledHeap()
 
 	// Watch: retained bytes (admin API and the metric), who is stalled,
-	// and the live heap.
+	// and the live heap, each on its own clock.
 	var (
 		mu             sync.Mutex
 		maxRetained    int64
@@ -100,79 +91,79 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 		stalledSeen    = make(map[string]bool)
 		samples        int
 		stopWatch      = make(chan struct{})
-		watchDone      = make(chan struct{})
+		watchers       sync.WaitGroup
 		metricExposed  = true
 		gaugeSamples   int
 		maxStreamBytes int64
+		heapSamples    int
 	)
-	start := time.Now()
-	var heapSamples int
-	// The retained_bytes metric is read under the store's byte lock: a
-	// consistent total. The admin API's per-session figures are taken one
-	// after another while bytes move, so their sum is only indicative; each
-	// stream's own figure is consistent.
-	go func() {
-		defer close(watchDone)
-		for i := 0; ; i++ {
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			if m, err := c.Metrics(); err == nil {
-				v, ok := harness.MetricSum(m, "caddy_mcp_resume_retained_bytes")
-				mu.Lock()
-				metricExposed = metricExposed && ok
-				maxGauge = max(maxGauge, v)
-				gaugeSamples++
-				mu.Unlock()
-			}
-			if i%2 == 1 {
-				continue
-			}
-			ss, err := c.Sessions()
-			if err != nil {
-				continue
-			}
-			var sum int64
-			mu.Lock()
-			for _, se := range ss {
-				sum += se.Bytes
-				for _, st := range se.Streams {
-					if st.Stalled {
-						stalledSeen[se.ID] = true
-					}
-					maxStreamBytes = max(maxStreamBytes, st.Bytes)
+	watch := func(every time.Duration, sample func()) {
+		watchers.Add(1)
+		go func() {
+			defer watchers.Done()
+			for {
+				select {
+				case <-stopWatch:
+					return
+				case <-time.After(every):
 				}
+				sample()
 			}
-			maxRetained = max(maxRetained, sum)
-			samples++
-			mu.Unlock()
-		}
-	}()
-	heapDone := make(chan struct{})
-	go func() {
-		defer close(heapDone)
-		for {
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(500 * time.Millisecond):
-			}
-			h := harness.LiveHeap()
+		}()
+	}
+	start := time.Now()
+	// The retained_bytes metric is read under the store's byte lock: a
+	// consistent total.
+	watch(100*time.Millisecond, func() {
+		if m, err := c.Metrics(); err == nil {
+			v, ok := m.Sum("caddy_mcp_resume_retained_bytes")
 			mu.Lock()
-			maxHeap = max(maxHeap, h)
-			heapSamples++
+			metricExposed = metricExposed && ok
+			maxGauge = max(maxGauge, v)
+			gaugeSamples++
 			mu.Unlock()
 		}
-	}()
+	})
+	// The admin API's per-session figures are taken one after another while
+	// bytes move, so their sum is only indicative; each stream's own figure
+	// is consistent. A slow session is stalled only until its next read, so
+	// this sampler runs on its own: on a loaded machine, waiting for the
+	// metrics scrape or a GC between samples thinned them out so much that
+	// some slow sessions were never caught stalled.
+	watch(100*time.Millisecond, func() {
+		ss, err := c.Sessions()
+		if err != nil {
+			return
+		}
+		var sum int64
+		mu.Lock()
+		defer mu.Unlock()
+		for _, se := range ss {
+			sum += se.Bytes
+			for _, st := range se.Streams {
+				if st.Stalled {
+					stalledSeen[se.ID] = true
+				}
+				maxStreamBytes = max(maxStreamBytes, st.Bytes)
+			}
+		}
+		maxRetained = max(maxRetained, sum)
+		samples++
+	})
+	watch(500*time.Millisecond, func() {
+		h := mcptest.LiveHeap()
+		mu.Lock()
+		maxHeap = max(maxHeap, h)
+		heapSamples++
+		mu.Unlock()
+	})
 
 	done := make(chan string, len(all))
 	for _, s := range all {
 		go func(s *sess) {
 			defer func() { done <- kindName[s.kind] }()
 			n := map[kind]int{fast: nFast, slow: nSlow, vanished: nVanished}[s.kind]
-			st, err := s.cl.call(1, "flood", map[string]any{"n": n}, 30*time.Second)
+			st, err := s.cl.call(1, "flood", floodArgs(n, eventSize), 30*time.Second)
 			if err != nil {
 				s.err = err
 				return
@@ -181,11 +172,11 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 			for !s.tr.done {
 				ev, err := st.next()
 				if err != nil {
-					s.err = fmt.Errorf("%s session %s after %d events: %w", kindName[s.kind], s.cl.sid, s.tr.events, err)
+					s.err = fmt.Errorf("%s session %s after %d events: %w", kindName[s.kind], s.cl.SessionID, s.tr.events, err)
 					return
 				}
 				if err := s.tr.take(ev, 1); err != nil {
-					s.err = fmt.Errorf("%s session %s: %w", kindName[s.kind], s.cl.sid, err)
+					s.err = fmt.Errorf("%s session %s: %w", kindName[s.kind], s.cl.SessionID, err)
 					return
 				}
 				switch {
@@ -214,7 +205,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 	}
 	elapsed := time.Since(start)
 	// The vanished sessions' upstreams stay stalled; measure once more.
-	if !harness.Eventually(10*time.Second, 100*time.Millisecond, func() bool {
+	if !mcptest.Eventually(10*time.Second, 100*time.Millisecond, func() bool {
 		ss, err := c.Sessions()
 		if err != nil {
 			return false
@@ -229,10 +220,9 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 	}) {
 		t.Errorf("not every vanished session's stream is stalled")
 	}
-	endHeap := harness.LiveHeap()
+	endHeap := mcptest.LiveHeap()
 	close(stopWatch)
-	<-watchDone
-	<-heapDone
+	watchers.Wait()
 
 	for _, s := range all {
 		if s.err != nil {
@@ -240,16 +230,16 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 			continue
 		}
 		if s.kind == vanished {
-			fc := f.call(t, s.cl.sid)
-			if w := fc.written.Load(); w >= nVanished*eventSize {
-				t.Errorf("vanished session %s: the upstream wrote all %d bytes", s.cl.sid, w)
+			fc := floodCall(t, f, s.cl.SessionID)
+			if w := fc.Written.Load(); w >= nVanished*eventSize {
+				t.Errorf("vanished session %s: the upstream wrote all %d bytes", s.cl.SessionID, w)
 			}
 			continue
 		}
 		n := map[kind]int{fast: nFast, slow: nSlow}[s.kind]
 		if !s.tr.done || s.tr.progress != n || s.tr.lastSeq != uint64(n+1) || len(s.tr.gaps) > 0 || s.tr.errorMsg != "" {
 			t.Errorf("%s session %s: progress %d, last seq %d, done %v, gaps %v, error %q",
-				kindName[s.kind], s.cl.sid, s.tr.progress, s.tr.lastSeq, s.tr.done, s.tr.gaps, s.tr.errorMsg)
+				kindName[s.kind], s.cl.SessionID, s.tr.progress, s.tr.lastSeq, s.tr.done, s.tr.gaps, s.tr.errorMsg)
 		}
 	}
 	mu.Lock()
@@ -319,9 +309,9 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 		perSession   = 9*(4<<10) + 32<<10 + 2*maxEvent + eventSize + 16<<10
 		processFixed = 4 << 20
 	)
-	f := newFlood(eventSize)
-	up := harness.StartUpstreamSmallBuffers(t, f, 16<<10)
-	c := harness.StartCaddy(t, harness.Site(up, `
+	f := newFlood()
+	up := harness.StartHandlerSndbuf(t, f, 16<<10)
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, `
 			max_stream_bytes 1MiB
 			max_session_bytes 1MiB
 			max_total_bytes 16MiB
@@ -330,13 +320,13 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 			stall_timeout 60s`))
 	clients := make([]*client, sessions)
 	for i := range clients {
-		clients[i] = newClient(c.Base(), "2025-06-18", 0)
+		clients[i] = newClient(c.Base(), "2025-06-18")
 		defer clients[i].close()
 		if err := clients[i].initialize(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	baseline := harness.SettledHeap()
+	baseline := mcptest.SettledHeap()
 	stop := make(chan struct{})
 	errs := make(chan error, sessions)
 	var wg sync.WaitGroup
@@ -344,7 +334,7 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 		wg.Add(1)
 		go func(cl *client) {
 			defer wg.Done()
-			st, err := cl.call(1, "flood", map[string]any{"n": n}, 30*time.Second)
+			st, err := cl.call(1, "flood", floodArgs(n, eventSize), 30*time.Second)
 			if err != nil {
 				errs <- err
 				return
@@ -362,7 +352,7 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 					err = tr.take(ev, 1)
 				}
 				if err != nil {
-					errs <- fmt.Errorf("session %s: %w", cl.sid, err)
+					errs <- fmt.Errorf("session %s: %w", cl.SessionID, err)
 					return
 				}
 			}
@@ -372,9 +362,9 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 	var maxRetained float64
 	for i := 0; i < 16; i++ {
 		time.Sleep(400 * time.Millisecond)
-		peak = max(peak, harness.LiveHeap())
+		peak = max(peak, mcptest.LiveHeap())
 		if m, err := c.Metrics(); err == nil {
-			v, _ := harness.MetricSum(m, "caddy_mcp_resume_retained_bytes")
+			v, _ := m.Sum("caddy_mcp_resume_retained_bytes")
 			maxRetained = max(maxRetained, v)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -25,7 +26,7 @@ func TestSoakDisconnectResume(t *testing.T) {
 		soakFor  = 40 * time.Second
 	)
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	c := harness.StartCaddy(t, harness.Site(upstream, `
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, `
 			max_stream_bytes 64KiB
 			max_session_bytes 256KiB
 			max_total_bytes 16MiB
@@ -59,12 +60,12 @@ func TestSoakDisconnectResume(t *testing.T) {
 		go func(seed uint64) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(seed, 4))
-			cl := newClient(c.Base(), st.version, 0)
+			cl := newClient(c.Base(), st.version)
 			defer cl.close()
 			if st.err = cl.initialize(); st.err != nil {
 				return
 			}
-			st.sid = cl.sid
+			st.sid = cl.SessionID
 			for id := 1; time.Now().Before(deadline); id++ {
 				n := 20 + rng.IntN(781)
 				interval := []int{0, 0, 1, 2}[rng.IntN(4)]
@@ -88,12 +89,12 @@ func TestSoakDisconnectResume(t *testing.T) {
 					ev, err := s.next()
 					if err != nil {
 						s.close()
-						st.err = fmt.Errorf("session %s (%s) call %d: after %d events, last %s: %w", cl.sid, st.version, id, tr.events, tr.lastID, err)
+						st.err = fmt.Errorf("session %s (%s) call %d: after %d events, last %s: %w", cl.SessionID, st.version, id, tr.events, tr.lastID, err)
 						return
 					}
 					if err := tr.take(ev, id); err != nil {
 						s.close()
-						st.err = fmt.Errorf("session %s (%s) call %d: %w", cl.sid, st.version, id, err)
+						st.err = fmt.Errorf("session %s (%s) call %d: %w", cl.SessionID, st.version, id, err)
 						return
 					}
 					if ev.Data != "" {
@@ -121,7 +122,7 @@ func TestSoakDisconnectResume(t *testing.T) {
 						st.cuts++
 						time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
 						if s, err = cl.resume(tr.lastID, 20*time.Second); err != nil {
-							st.err = fmt.Errorf("session %s (%s) call %d: resume from %s: %w", cl.sid, st.version, id, tr.lastID, err)
+							st.err = fmt.Errorf("session %s (%s) call %d: resume from %s: %w", cl.SessionID, st.version, id, tr.lastID, err)
 							return
 						}
 						rec.resumes++
@@ -131,7 +132,7 @@ func TestSoakDisconnectResume(t *testing.T) {
 				rec.stream = tr.stream
 				if len(tr.gaps) > 0 || tr.errorMsg != "" || tr.progress != n || tr.lastSeq != uint64(n+1) {
 					st.err = fmt.Errorf("session %s (%s) call %d: progress %d of %d, last seq %d, gaps %v, error %q",
-						cl.sid, st.version, id, tr.progress, n, tr.lastSeq, tr.gaps, tr.errorMsg)
+						cl.SessionID, st.version, id, tr.progress, n, tr.lastSeq, tr.gaps, tr.errorMsg)
 					return
 				}
 				st.calls = append(st.calls, rec)
@@ -200,9 +201,9 @@ func TestSoakDisconnectResume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stalls, _ := harness.MetricSum(m, "caddy_mcp_resume_backpressure_stalls_total")
-	fromEvicted, _ := harness.MetricSum(m, "caddy_mcp_resume_resumes_from_evicted_total")
-	evictedEarly, ok := harness.MetricSum(m, evictedBeforeAck)
+	stalls, _ := m.Sum("caddy_mcp_resume_backpressure_stalls_total")
+	fromEvicted, _ := m.Sum("caddy_mcp_resume_resumes_from_evicted_total")
+	evictedEarly, ok := m.Sum(evictedBeforeAck)
 	t.Logf("metrics: backpressure_stalls_total %v, resumes_from_evicted_total %v, events_evicted_before_ack_total %v (exposed %v)", stalls, fromEvicted, evictedEarly, ok)
 	if fromEvicted != 0 {
 		t.Errorf("resumes_from_evicted_total = %v: a resume within resume_window hit a gap", fromEvicted)

@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -29,15 +30,15 @@ import (
 // stall's, not the window's.
 func TestStallTimeoutFailsCallLoudly(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	c := harness.StartCaddy(t, harness.Site(upstream, `
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, `
 			max_stream_bytes 64KiB
 			max_session_bytes 64KiB
 			max_total_bytes 8MiB
 			resume_window 30s
 			stall_timeout 1s`))
 
-	gate := &harness.GatedTransport{Next: harness.NewCuttableTransport()}
-	cut := gate.Next.(*harness.CuttableTransport)
+	gate := &mcptest.GatedTransport{Next: mcptest.NewCuttableTransport(0)}
+	cut := gate.Next.(*mcptest.CuttableTransport)
 	var (
 		mu       sync.Mutex
 		progress []float64
@@ -96,7 +97,7 @@ func TestStallTimeoutFailsCallLoudly(t *testing.T) {
 
 	// While the client is away the stream fails: stalled.
 	var failedAt time.Duration
-	if !harness.Eventually(15*time.Second, 50*time.Millisecond, func() bool {
+	if !mcptest.Eventually(15*time.Second, 50*time.Millisecond, func() bool {
 		ss, err := c.Sessions()
 		if err != nil {
 			return false
@@ -172,10 +173,10 @@ func TestStallTimeoutFailsCallLoudly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := harness.MetricSum(m, `caddy_mcp_resume_streams_failed_total{reason="stalled"}`); v < 1 {
+	if v, _ := m.Sum(`caddy_mcp_resume_streams_failed_total{reason="stalled"}`); v < 1 {
 		t.Errorf(`streams_failed_total{reason="stalled"} = %v, want >= 1`, v)
 	}
-	if v, _ := harness.MetricSum(m, `caddy_mcp_resume_gaps_total{reason="stalled"}`); v < 1 {
+	if v, _ := m.Sum(`caddy_mcp_resume_gaps_total{reason="stalled"}`); v < 1 {
 		t.Errorf(`gaps_total{reason="stalled"} = %v, want >= 1`, v)
 	}
 	assertNoEarlyEviction(t, c)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -31,10 +32,10 @@ func portOf(t *testing.T, hostport string) int {
 // the (only) stream (if cond is set), the admin API then showed it stalled,
 // and the upstream has written nothing for a second. It returns the largest
 // retained_bytes of the stream it saw.
-func waitStalled(t *testing.T, c *harness.Caddy, fc *floodCall, cond func(buffer.StreamInfo) bool) (maxRetained int64) {
+func waitStalled(t *testing.T, c *harness.Caddy, fc *mcptest.Call, cond func(buffer.StreamInfo) bool) (maxRetained int64) {
 	t.Helper()
 	var (
-		last, lastChange = fc.written.Load(), time.Now()
+		last, lastChange = fc.Written.Load(), time.Now()
 		condHeld         = cond == nil
 		stalledSeen      bool
 	)
@@ -43,10 +44,10 @@ func waitStalled(t *testing.T, c *harness.Caddy, fc *floodCall, cond func(buffer
 		if time.Now().After(deadline) {
 			ss, _ := c.Sessions()
 			t.Fatalf("the upstream never stopped: written %d bytes, condition held %v, stalled seen %v; %+v",
-				fc.written.Load(), condHeld, stalledSeen, ss)
+				fc.Written.Load(), condHeld, stalledSeen, ss)
 		}
 		time.Sleep(100 * time.Millisecond)
-		if w := fc.written.Load(); w != last {
+		if w := fc.Written.Load(); w != last {
 			last, lastChange = w, time.Now()
 		}
 		sessions, err := c.Sessions()
@@ -82,24 +83,24 @@ func tcpRmemMax(t *testing.T) int64 {
 // Caddy whose stream bound is 256 KiB, starts a call of n events and reads
 // the first 8 progress events, as both stream tests begin.
 func startFlood(t *testing.T, eventSize, n, upstreamSndbuf int, resumeWindow string) (
-	upPort int, c *harness.Caddy, cl *client, s *sseStream, tr *tracker, fc *floodCall) {
+	upPort int, c *harness.Caddy, cl *client, s *sseStream, tr *tracker, fc *mcptest.Call) {
 	t.Helper()
-	f := newFlood(eventSize)
-	up := harness.StartUpstreamSmallBuffers(t, f, upstreamSndbuf)
+	f := newFlood()
+	up := harness.StartHandlerSndbuf(t, f, upstreamSndbuf)
 	upPort = portOf(t, up)
-	c = harness.StartCaddy(t, harness.Site(up, `
+	c = harness.StartCaddy(t, mcptest.ResumeRoute(up, `
 			max_stream_bytes 256KiB
 			max_session_bytes 1MiB
 			max_total_bytes 8MiB
 			max_event_bytes 64KiB
 			resume_window `+resumeWindow+`
 			stall_timeout 60s`))
-	cl = newClient(c.Base(), "2025-06-18", 0)
+	cl = newClient(c.Base(), "2025-06-18")
 	if err := cl.initialize(); err != nil {
 		cl.close()
 		t.Fatal(err)
 	}
-	s, err := cl.call(1, "flood", map[string]any{"n": n}, 15*time.Second)
+	s, err := cl.call(1, "flood", floodArgs(n, eventSize), 15*time.Second)
 	if err != nil {
 		cl.close()
 		t.Fatal(err)
@@ -116,7 +117,7 @@ func startFlood(t *testing.T, eventSize, n, upstreamSndbuf int, resumeWindow str
 			t.Fatal(err)
 		}
 	}
-	return upPort, c, cl, s, tr, f.call(t, cl.sid)
+	return upPort, c, cl, s, tr, floodCall(t, f, cl.SessionID)
 }
 
 // A client that stops reading a tool call's stream stops the upstream: the
@@ -131,7 +132,7 @@ func startFlood(t *testing.T, eventSize, n, upstreamSndbuf int, resumeWindow str
 //
 // resume_window is 20s, not 1s: the proxy counts an event as delivered once
 // it is written and flushed into the client's socket, and a delivered event
-// is evicted resume_window later (design §4 rule b). A client that stops
+// is evicted resume_window later. A client that stops
 // reading with the connection open leaves hundreds of KiB in its socket
 // buffers; a resume from its last read event after a pause longer than
 // resume_window would rightly get a gap. The window must cover the pause.
@@ -155,19 +156,19 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 
 	// The client stops reading; its connection stays open.
 	maxRetained := waitStalled(t, c, fc, nil)
-	written := fc.written.Load()
+	written := fc.Written.Load()
 	read := int64(tr.progress) * eventSize
 	gap := written - read
-	upTx, upRx, err := harness.QueuedBytes(upPort)
+	upTx, upRx, err := mcptest.QueuedBytes(upPort)
 	if err != nil {
 		t.Fatal(err)
 	}
-	clTx, clRx, err := harness.QueuedBytes(c.HTTPPort)
+	clTx, clRx, err := mcptest.QueuedBytes(c.HTTPPort)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("paused: upstream wrote %d B (%d events), client read %d B (%d events): written-read = %d B; max_stream_bytes %d",
-		written, fc.events.Load(), read, tr.progress, gap, maxStream)
+		written, fc.Events.Load(), read, tr.progress, gap, maxStream)
 	t.Logf("kernel queues: upstream connection tx %d + rx %d B; client connection tx %d + rx %d B; max stream retained_bytes seen %d",
 		upTx, upRx, clTx, clRx, maxRetained)
 	if written >= int64(n*eventSize) {
@@ -206,7 +207,7 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 	resumes, err := drain(cl, rs, tr, 1, 128, 2*n/128+8)
 	resumes++
 	if err != nil {
-		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.progress, n, fc.events.Load())
+		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.progress, n, fc.Events.Load())
 	}
 	if len(tr.gaps) > 0 || tr.errorMsg != "" {
 		t.Fatalf("gaps %v, error %q", tr.gaps, tr.errorMsg)
@@ -214,16 +215,9 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 	if tr.progress != n || tr.lastSeq != n+1 {
 		t.Fatalf("got %d progress events, last seq %d; want %d and %d", tr.progress, tr.lastSeq, n, n+1)
 	}
-	select {
-	case <-fc.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the upstream handler did not finish")
-	}
-	if !fc.finished.Load() {
-		t.Fatal("the upstream could not write its response")
-	}
+	upstreamFinished(t, fc)
 	t.Logf("resumed %d times; every one of %d events arrived exactly once, then the response", resumes, n+1)
-	if !harness.Eventually(5*time.Second, 20*time.Millisecond, func() bool {
+	if !mcptest.Eventually(5*time.Second, 20*time.Millisecond, func() bool {
 		ss, err := c.Sessions()
 		return err == nil && len(ss) == 1 && len(ss[0].Streams) == 1 && ss[0].Streams[0].State == "complete"
 	}) {
@@ -234,7 +228,7 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := harness.MetricSum(m, "caddy_mcp_resume_backpressure_stalls_total"); v < 1 {
+	if v, _ := m.Sum("caddy_mcp_resume_backpressure_stalls_total"); v < 1 {
 		t.Errorf("backpressure_stalls_total = %v, want >= 1", v)
 	}
 	assertNoEarlyEviction(t, c)
@@ -264,13 +258,13 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	// Wait until what went into the client's socket was evicted (the floor
 	// passed what the client read) and the upstream stopped again.
 	maxRetained := waitStalled(t, c, fc, func(st buffer.StreamInfo) bool { return st.Floor > readSeq+1 })
-	written := fc.written.Load()
+	written := fc.Written.Load()
 	read := int64(tr.progress) * eventSize
 	gap := written - read
-	upTx, upRx, _ := harness.QueuedBytes(upPort)
-	clTx, clRx, _ := harness.QueuedBytes(c.HTTPPort)
+	upTx, upRx, _ := mcptest.QueuedBytes(upPort)
+	clTx, clRx, _ := mcptest.QueuedBytes(c.HTTPPort)
 	t.Logf("paused: upstream wrote %d B (%d events), client read %d B: written-read = %d B; max_stream_bytes %d; max retained %d",
-		written, fc.events.Load(), read, gap, maxStream, maxRetained)
+		written, fc.Events.Load(), read, gap, maxStream, maxRetained)
 	t.Logf("kernel queues: upstream connection tx %d + rx %d B; client connection tx %d + rx %d B", upTx, upRx, clTx, clRx)
 	if written >= int64(n*eventSize) {
 		t.Fatalf("the upstream wrote all %d bytes: nothing slowed it down", written)
@@ -307,7 +301,7 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	if first.Type != "gap" {
 		t.Fatalf("resume after the window: first event %+v, want a gap", first)
 	}
-	var g gapInfo
+	var g mcptest.Gap
 	if err := json.Unmarshal([]byte(first.Data), &g); err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +322,7 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	}
 	resumes, err := drain(cl, rs, tr, 1, 128, 2*n/128+8)
 	if err != nil {
-		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.progress, n, fc.events.Load())
+		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.progress, n, fc.Events.Load())
 	}
 	if tr.errorMsg != "" || len(tr.gaps) != 1 || len(tr.warnings) != 1 || !strings.Contains(tr.warnings[0], "evicted") {
 		t.Fatalf("error %q, gaps %+v, warnings %q", tr.errorMsg, tr.gaps, tr.warnings)
@@ -336,21 +330,14 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	if tr.lastSeq != n+1 || tr.events+tr.lost != n+1 || tr.progress != n {
 		t.Fatalf("read %d events + %d reported lost, last seq %d; want %d in all", tr.events, tr.lost, tr.lastSeq, n+1)
 	}
-	select {
-	case <-fc.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the upstream handler did not finish")
-	}
-	if !fc.finished.Load() {
-		t.Fatal("the upstream could not write its response")
-	}
+	upstreamFinished(t, fc)
 	t.Logf("gap: %d events reported lost (they sat unread in the client's socket past resume_window), %d read exactly once, %d resumes after the gap",
 		tr.lost, tr.events, resumes)
 	m, err := c.Metrics()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v, _ := harness.MetricSum(m, "caddy_mcp_resume_resumes_from_evicted_total"); v != 1 {
+	if v, _ := m.Sum("caddy_mcp_resume_resumes_from_evicted_total"); v != 1 {
 		t.Errorf("resumes_from_evicted_total = %v, want 1", v)
 	}
 	assertNoEarlyEviction(t, c)

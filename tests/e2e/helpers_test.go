@@ -1,11 +1,11 @@
 package e2e
 
 import (
-	"encoding/json"
-	"net/http"
 	"testing"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -14,20 +14,15 @@ import (
 func proxyFor(t *testing.T, opts demoserver.Options, moduleOptions string) (*harness.Caddy, string) {
 	t.Helper()
 	upstream := harness.StartDemo(t, opts)
-	c := harness.StartCaddy(t, harness.Site(upstream, moduleOptions))
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, moduleOptions))
 	return c, upstream
 }
 
-func adminSessions(t *testing.T, c *harness.Caddy) []map[string]any {
+func adminSessions(t *testing.T, c *harness.Caddy) []buffer.SessionInfo {
 	t.Helper()
-	resp, err := http.Get(c.Admin() + "/mcp_resume/sessions")
+	s, err := c.Sessions()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	var out []map[string]any
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return s
 }

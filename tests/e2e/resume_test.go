@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -238,13 +238,13 @@ func assertJSONRPCError(t *testing.T, resp *http.Response, status int) {
 // format (e.g. after a proxy restart), gets an explicit gap, not silence.
 func TestResumeAfterProxyRestartIsAGap(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	c := harness.StartCaddy(t, harness.Site(upstream, ""))
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
 	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
 	rc.Initialize()
 	ids := startCut(t, rc, 1, 3, 1, 10)
 	// Restart: stop Caddy (the store goes with it), start it again.
 	harness.StopCaddy(t)
-	c.Load(t, harness.Site(upstream, ""))
+	c.Load(t, mcptest.ResumeRoute(upstream, ""))
 	resp := rc.Resume(ids[0])
 	defer resp.Body.Close()
 	evs := harness.ReadEvents(t, resp, 2)
@@ -275,9 +275,10 @@ func TestReloadMidStreamLosesNothing(t *testing.T) {
 	rc.Initialize()
 	resp := rc.Call(1, "count", map[string]any{"n": 15, "interval_ms": 100})
 	evs := harness.ReadEvents(t, resp, 3)
-	c.Load(t, harness.Site(upstream, "keepalive 10s")) // a changed config, as `caddy reload`
-	more := harness.ReadEvents(t, resp, 0)             // the same connection carries on
+	c.Load(t, mcptest.ResumeRoute(upstream, "keepalive 10s")) // a changed config, as `caddy reload`
+	more := harness.ReadEvents(t, resp, 0)                    // the same connection carries on
 	resp.Body.Close()
+	rc.Reconnect() // the stream's connection went back to the pool, but its server is gone
 	evs = append(evs, more...)
 	if len(evs) != 16 || !strings.Contains(evs[15].Data, `"counted to 15"`) {
 		t.Fatalf("want 15 progress events and the result across the reload, got %d", len(evs))
@@ -289,7 +290,8 @@ func TestReloadMidStreamLosesNothing(t *testing.T) {
 	}
 	// And a cut after the reload resumes from the same log.
 	ids := startCut(t, rc, 2, 6, 2, 80)
-	c.Load(t, harness.Site(upstream, ""))
+	c.Load(t, mcptest.ResumeRoute(upstream, ""))
+	rc.Reconnect()
 	resp = rc.Resume(ids[1])
 	defer resp.Body.Close()
 	if evs := harness.ReadEvents(t, resp, 0); len(evs) != 5 {
@@ -302,21 +304,23 @@ func TestReloadMidStreamLosesNothing(t *testing.T) {
 func TestMCP20260728PassesThrough(t *testing.T) {
 	canceled := make(chan struct{}, 1)
 	const body = "id: upstream-1\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n\n"
-	up := harness.StartHandler(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.WriteHeader(200)
-		io.WriteString(w, body)
-		http.NewResponseController(w).Flush()
-		if r.URL.Query().Get("hold") == "" {
-			return
-		}
-		select {
-		case <-r.Context().Done():
-			canceled <- struct{}{}
-		case <-time.After(20 * time.Second):
-		}
-	}))
-	c := harness.StartCaddy(t, harness.Site(up, ""))
+	up := harness.StartHandler(t, &mcptest.Upstream{Tools: map[string]mcptest.Tool{
+		"x": func(w http.ResponseWriter, r *http.Request, _ *mcptest.Request) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(200)
+			io.WriteString(w, body)
+			http.NewResponseController(w).Flush()
+			if r.URL.Query().Get("hold") == "" {
+				return
+			}
+			select {
+			case <-r.Context().Done():
+				canceled <- struct{}{}
+			case <-time.After(20 * time.Second):
+			}
+		},
+	}})
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, ""))
 	send := func(query string) *http.Response {
 		req, _ := http.NewRequest("POST", c.Base()+"/mcp"+query, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}`))
 		req.Header.Set("Content-Type", "application/json")
@@ -361,7 +365,6 @@ func TestIDsAreOpaqueAndShort(t *testing.T) {
 			t.Fatalf("id %q", ev.ID)
 		}
 	}
-	_ = fmt.Sprint()
 }
 
 // A client that re-sends the same request (same session, id and body), as

@@ -12,13 +12,14 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
 // sdkClient is an official Go SDK client whose connections the test can cut.
 type sdkClient struct {
 	session   *mcp.ClientSession
-	transport *harness.CuttableTransport
+	transport *mcptest.CuttableTransport
 
 	mu       sync.Mutex
 	progress []float64
@@ -28,7 +29,7 @@ type sdkClient struct {
 
 func connectSDK(t *testing.T, endpoint, version string) *sdkClient {
 	t.Helper()
-	c := &sdkClient{transport: harness.NewCuttableTransport(), seen: make(chan struct{}, 10000)}
+	c := &sdkClient{transport: mcptest.NewCuttableTransport(0), seen: make(chan struct{}, 10000)}
 	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 			c.mu.Lock()
@@ -174,7 +175,7 @@ func TestStandaloneStreamSurvivesConnectionCut(t *testing.T) {
 			// Let the standalone GET reach the upstream before notices are sent.
 			harness.WaitFor(t, 5*time.Second, "standalone stream", func() bool {
 				s := adminSessions(t, c)
-				return len(s) == 1 && len(s[0]["streams"].([]any)) == 1
+				return len(s) == 1 && len(s[0].Streams) == 1
 			})
 			cut := client.cutAfter(3, reset)
 			if _, err := client.session.CallTool(ctx, &mcp.CallToolParams{Name: "notify", Arguments: map[string]any{"n": n, "interval_ms": 150}}); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -37,7 +38,7 @@ func TestStopWithDetachedStreamsIsPrompt(t *testing.T) {
 :%d {
 %s
 }
-`, adminPort, httpPort, httpPort, harness.Site(upstream, ""))), 0o600)
+`, adminPort, httpPort, httpPort, mcptest.ResumeRoute(upstream, ""))), 0o600)
 	run := exec.Command(bin, "run", "--config", cfg)
 	run.Env = append(os.Environ(), "HOME="+dir, "XDG_CONFIG_HOME="+dir, "XDG_DATA_HOME="+dir)
 	if err := run.Start(); err != nil {

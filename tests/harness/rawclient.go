@@ -1,27 +1,19 @@
 package harness
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 )
 
-// RawClient speaks Streamable HTTP by hand, to check bytes on the wire. Its
-// methods fail the test on any error, so only the test's own goroutine may
-// call them.
+// RawClient is an mcptest.Client for a test's own goroutine: its
+// Initialize, Call and Resume fail the test instead of returning an error.
 type RawClient struct {
-	t       testing.TB
-	URL     string      // the MCP endpoint: base + "/mcp"
-	SID     string      // Mcp-Session-Id, once Initialize opened a session
-	Version string      // the protocol version asked for and sent with the session
-	Header  http.Header // sent with every request (credentials, say)
-	HTTP    *http.Client
+	*mcptest.Client
+	t testing.TB
 }
 
 // NewRawClient returns a client of the MCP endpoint at base with its own
@@ -31,8 +23,8 @@ type RawClient struct {
 func NewRawClient(t testing.TB, base, version string) *RawClient {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(tr.CloseIdleConnections)
-	return &RawClient{t: t, URL: base + "/mcp", Version: version, Header: http.Header{},
-		HTTP: &http.Client{Timeout: 30 * time.Second, Transport: tr}}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: tr}
+	return &RawClient{Client: mcptest.NewClient(base, version, hc), t: t}
 }
 
 // Reconnect drops idle connections (to a server a reload replaced).
@@ -40,16 +32,9 @@ func (c *RawClient) Reconnect() { c.HTTP.CloseIdleConnections() }
 
 // Request sends a request (body "" means none, as for a GET stream) with the
 // session's headers and the extra ones, and returns the response as is.
-func (c *RawClient) Request(method, body string, extra map[string]string) *http.Response {
+func (c *RawClient) Request(method, body string, extra http.Header) *http.Response {
 	c.t.Helper()
-	req, err := NewStreamableRequest(context.Background(), method, c.URL, body, c.Header, c.SID, c.Version)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	for k, v := range extra {
-		req.Header.Set(k, v)
-	}
-	resp, err := c.HTTP.Do(req)
+	resp, err := c.Do(context.Background(), method, body, extra)
 	if err != nil {
 		c.t.Fatalf("%s: %v", method, err)
 	}
@@ -59,37 +44,23 @@ func (c *RawClient) Request(method, body string, extra map[string]string) *http.
 // Initialize opens a session and sends notifications/initialized.
 func (c *RawClient) Initialize() {
 	c.t.Helper()
-	resp := c.Request("POST", fmt.Sprintf(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":%q,"capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}`, c.Version), nil)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		c.t.Fatalf("initialize: %d %s", resp.StatusCode, body)
-	}
-	c.SID = resp.Header.Get("Mcp-Session-Id")
-	if c.SID == "" || !bytes.Contains(body, []byte(c.Version)) {
-		c.t.Fatalf("initialize: no session or other version: %q", body)
-	}
-	resp = c.Request("POST", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil)
-	resp.Body.Close()
-	if resp.StatusCode != 202 {
-		c.t.Fatalf("notifications/initialized: %d", resp.StatusCode)
+	if err := c.Client.Initialize(context.Background()); err != nil {
+		c.t.Fatal(err)
 	}
 }
 
 // Call starts tools/call and returns the open SSE response.
 func (c *RawClient) Call(id int, tool string, args map[string]any) *http.Response {
 	c.t.Helper()
-	a, _ := json.Marshal(args)
-	resp := c.Request("POST", fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":%s,"_meta":{"progressToken":"tok"}}}`, id, tool, a), nil)
-	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		b, _ := io.ReadAll(resp.Body)
-		c.t.Fatalf("tools/call: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	resp, err := c.Client.Call(context.Background(), id, tool, args, "tok")
+	if err != nil {
+		c.t.Fatal(err)
 	}
 	return resp
 }
 
 // CallToEnd runs a tool call and reads its whole SSE response.
-func (c *RawClient) CallToEnd(id int, tool string, args map[string]any) []SSEEvent {
+func (c *RawClient) CallToEnd(id int, tool string, args map[string]any) []mcptest.Event {
 	c.t.Helper()
 	resp := c.Call(id, tool, args)
 	defer resp.Body.Close()
@@ -99,39 +70,20 @@ func (c *RawClient) CallToEnd(id int, tool string, args map[string]any) []SSEEve
 // Resume sends GET with Last-Event-ID.
 func (c *RawClient) Resume(lastID string) *http.Response {
 	c.t.Helper()
-	return c.Request("GET", "", map[string]string{"Last-Event-ID": lastID})
+	resp, err := c.Client.Resume(context.Background(), lastID)
+	if err != nil {
+		c.t.Fatalf("GET: %v", err)
+	}
+	return resp
 }
 
-// NewStreamableRequest builds a request to an MCP endpoint as a Streamable
-// HTTP client sends it: header first (credentials, say), then the
-// Content-Type and Accept the transport asks for (a JSON body, or none for a
-// GET stream), then, once there is a session (sid), its Mcp-Session-Id and,
-// when known, Mcp-Protocol-Version. Callers add their own extra headers to
-// it. Every raw client here builds its requests with it, so they all send
-// the same headers whether they fail the test or return errors.
-func NewStreamableRequest(ctx context.Context, method, url, body string, header http.Header, sid, version string) (*http.Request, error) {
-	var rd io.Reader
-	if body != "" {
-		rd = strings.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
+// ReadEvents reads n events of a response (0: until the body ends), failing
+// the test if that takes over 20s or the body breaks.
+func ReadEvents(t testing.TB, resp *http.Response, n int) []mcptest.Event {
+	t.Helper()
+	evs, err := mcptest.ReadEvents(resp.Body, n, 20*time.Second)
 	if err != nil {
-		return nil, err
+		t.Fatalf("reading events: %v (got %d)", err, len(evs))
 	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Accept", "application/json, text/event-stream")
-	} else {
-		req.Header.Set("Accept", "text/event-stream")
-	}
-	if sid != "" {
-		req.Header.Set("Mcp-Session-Id", sid)
-		if version != "" {
-			req.Header.Set("Mcp-Protocol-Version", version)
-		}
-	}
-	return req, nil
+	return evs
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -50,8 +51,8 @@ func TestAdminAPI(t *testing.T) {
 	assertNoPayloads(t, raw)
 	var list []sessionInfo
 	decodeStrict(t, raw, &list)
-	if len(list) != 2 || list[0].ID != a.SID || list[1].ID != b.SID {
-		t.Fatalf("listed %+v, want sessions %s and %s in creation order", list, a.SID, b.SID)
+	if len(list) != 2 || list[0].ID != a.SessionID || list[1].ID != b.SessionID {
+		t.Fatalf("listed %+v, want sessions %s and %s in creation order", list, a.SessionID, b.SessionID)
 	}
 	sa := list[0]
 	if sa.Epoch != epochA || sa.ProtocolVersion != "2025-11-25" || sa.ConnectedClients != 1 || sa.RetainedBytes <= 0 || len(sa.Streams) != 3 {
@@ -86,14 +87,14 @@ func TestAdminAPI(t *testing.T) {
 	}
 
 	// One session.
-	status, raw = adminDo(t, c, "GET", "/mcp_resume/sessions/"+a.SID)
+	status, raw = adminDo(t, c, "GET", "/mcp_resume/sessions/"+a.SessionID)
 	if status != http.StatusOK {
 		t.Fatalf("show: %d %s", status, raw)
 	}
 	assertNoPayloads(t, raw)
 	var one sessionInfo
 	decodeStrict(t, raw, &one)
-	if one.ID != a.SID || one.Epoch != epochA || len(one.Streams) != 3 {
+	if one.ID != a.SessionID || one.Epoch != epochA || len(one.Streams) != 3 {
 		t.Errorf("show: %+v", one)
 	}
 
@@ -111,13 +112,13 @@ func TestAdminAPI(t *testing.T) {
 	// since the upstream still knows the session: a gap "purged", then a
 	// warning the client's SDK surfaces, then the standalone stream live.
 	m0 := scrapeBoth(t, c)
-	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.SID); status != http.StatusNoContent {
+	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.SessionID); status != http.StatusNoContent {
 		t.Fatalf("purge: %d %s, want 204", status, raw)
 	}
-	if status, _ := adminDo(t, c, "GET", "/mcp_resume/sessions/"+b.SID); status != http.StatusNotFound {
+	if status, _ := adminDo(t, c, "GET", "/mcp_resume/sessions/"+b.SessionID); status != http.StatusNotFound {
 		t.Errorf("purged session still shown: %d", status)
 	}
-	if l := adminSessions(t, c); len(l) != 1 || l[0].ID != a.SID {
+	if l := adminSessions(t, c); len(l) != 1 || l[0].ID != a.SessionID {
 		t.Errorf("after the purge the list is %+v", l)
 	}
 	lastID := eid(epochB, 1, 2)
@@ -156,7 +157,7 @@ func TestAdminAPI(t *testing.T) {
 	}
 	readopted := false
 	for _, s := range adminSessions(t, c) {
-		if s.ID == b.SID {
+		if s.ID == b.SessionID {
 			readopted = s.Epoch == newEpoch
 		}
 	}
@@ -168,17 +169,17 @@ func TestAdminAPI(t *testing.T) {
 	expectDelta(t, m0, m1, 1, "gaps_total", "reason", "purged")
 
 	// Purge A while its standalone stream is connected: the client's stream ends.
-	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.SID); status != http.StatusNoContent {
+	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.SessionID); status != http.StatusNoContent {
 		t.Fatalf("purge A: %d %s", status, raw)
 	}
-	if rest, err := harness.ReadSSE(get.Body, 0, 5*time.Second); err != nil || len(rest) != 0 {
+	if rest, err := mcptest.ReadEvents(get.Body, 0, 5*time.Second); err != nil || len(rest) != 0 {
 		t.Errorf("A's open stream after the purge: %+v, %v; want its end", rest, err)
 	}
 	if got := scrapeBoth(t, c).get("sessions"); got != 1 {
 		t.Errorf("sessions = %v after purging A, want 1 (B, re-adopted)", got)
 	}
 	// Let the re-adopted session's detached upstream GET go now.
-	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.SID); status != http.StatusNoContent {
+	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.SessionID); status != http.StatusNoContent {
 		t.Errorf("purge re-adopted B: %d %s", status, raw)
 	}
 }
@@ -194,7 +195,7 @@ func TestMetricsPurgeCountsLiveStreams(t *testing.T) {
 	defer get.Body.Close()
 	harness.ReadEvents(t, get, 1) // priming: the upstream GET is open, the stream live
 	m0 := scrapeBoth(t, c)
-	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.SID); status != http.StatusNoContent {
+	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.SessionID); status != http.StatusNoContent {
 		t.Fatalf("purge: %d %s", status, raw)
 	}
 	m1 := scrapeBoth(t, c)

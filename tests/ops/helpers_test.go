@@ -1,19 +1,18 @@
 package ops
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -22,7 +21,7 @@ const prefix = "caddy_mcp_resume_"
 // site is the typical use, plus Caddy's `metrics` handler at /metrics so the
 // same registry can be scraped from the site as well as from the admin API.
 func site(upstream, moduleOptions string) string {
-	return "\tmetrics /metrics\n" + harness.Site(upstream, moduleOptions)
+	return "\tmetrics /metrics\n" + mcptest.ResumeRoute(upstream, moduleOptions)
 }
 
 // start runs the demo server and a Caddy in front of it.
@@ -34,56 +33,17 @@ func start(t *testing.T, moduleOptions string) (*harness.Caddy, string) {
 
 // ---- metrics ---------------------------------------------------------------
 
-// sample holds one scrape: series ("name" or `name{label="value",...}`,
-// labels as the Prometheus text format prints them, sorted) to value, and
-// metric family name to type (counter, gauge, histogram).
-type sample struct {
-	vals  map[string]float64
-	types map[string]string
-}
-
-// oneShot makes every request on a new connection: a reload replaces the
-// admin server (and the site's), and a non-idempotent request (DELETE, POST)
-// on a pooled connection the old server is closing would fail with EOF.
-var oneShot = &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+// sample is one scrape, with lookups by the module's metric names.
+type sample struct{ mcptest.Metrics }
 
 // scrape reads a Prometheus text-format endpoint.
 func scrape(t *testing.T, url string) sample {
 	t.Helper()
-	resp, err := oneShot.Get(url)
+	m, err := mcptest.ScrapeMetrics(url)
 	if err != nil {
-		t.Fatalf("scraping %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("scraping %s: %d %s", url, resp.StatusCode, b)
-	}
-	m := sample{vals: map[string]float64{}, types: map[string]string{}}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if f := strings.Fields(line); len(f) == 4 && f[0] == "#" && f[1] == "TYPE" {
-			m.types[f[2]] = f[3]
-		}
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			t.Fatalf("scraping %s: malformed line %q", url, line)
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			t.Fatalf("scraping %s: malformed value in %q", url, line)
-		}
-		m.vals[line[:i]] = v
-	}
-	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return m
+	return sample{m}
 }
 
 // scrapeBoth scrapes the admin endpoint's /metrics, then the site's metrics
@@ -94,13 +54,13 @@ func scrapeBoth(t *testing.T, c *harness.Caddy) sample {
 	t.Helper()
 	admin := scrape(t, c.Admin()+"/metrics")
 	fromSite := scrape(t, c.Base()+"/metrics")
-	for k, v := range admin.family(prefix).vals {
-		w, ok := fromSite.vals[k]
+	for k, v := range admin.family(prefix).Series {
+		w, ok := fromSite.Series[k]
 		if !ok || (!admin.isGauge(k) && w < v) {
 			t.Errorf("admin /metrics has %s %v, the site's metrics handler %v (present %v)", k, v, w, ok)
 		}
 	}
-	if len(admin.family(prefix).vals) == 0 {
+	if len(admin.family(prefix).Series) == 0 {
 		t.Fatalf("admin /metrics has no %s* metrics", prefix)
 	}
 	return admin
@@ -109,19 +69,19 @@ func scrapeBoth(t *testing.T, c *harness.Caddy) sample {
 // get returns a value; an absent series counts as 0 (a CounterVec exports a
 // label value only once it moved).
 func (m sample) get(name string, labels ...string) float64 {
-	return m.vals[key(name, labels...)]
+	return m.Series[key(name, labels...)]
 }
 
 // lookup returns a value and whether the series is present.
 func (m sample) lookup(name string, labels ...string) (float64, bool) {
-	v, ok := m.vals[key(name, labels...)]
+	v, ok := m.Series[key(name, labels...)]
 	return v, ok
 }
 
 // isGauge reports whether a series belongs to a gauge family.
 func (m sample) isGauge(series string) bool {
 	name, _, _ := strings.Cut(series, "{")
-	return m.types[name] == "gauge"
+	return m.Types[name] == "gauge"
 }
 
 func key(name string, labels ...string) string {
@@ -141,10 +101,10 @@ func key(name string, labels ...string) string {
 
 // family returns the series whose name starts with p.
 func (m sample) family(p string) sample {
-	out := sample{vals: map[string]float64{}, types: m.types}
-	for k, v := range m.vals {
+	out := sample{mcptest.Metrics{Series: map[string]float64{}, Types: m.Types}}
+	for k, v := range m.Series {
 		if strings.HasPrefix(k, p) {
-			out.vals[k] = v
+			out.Series[k] = v
 		}
 	}
 	return out
@@ -162,7 +122,7 @@ func expectDelta(t *testing.T, before, after sample, want float64, name string, 
 // ---- event IDs ------------------------------------------------------------------
 
 // ids returns the events' IDs.
-func ids(evs []harness.SSEEvent) []string {
+func ids(evs []mcptest.Event) []string {
 	out := make([]string, len(evs))
 	for i, e := range evs {
 		out[i] = e.ID
@@ -171,7 +131,7 @@ func ids(evs []harness.SSEEvent) []string {
 }
 
 // wantIDs checks event IDs <epoch>-<stream>-<seq> for the given seqs.
-func wantIDs(t *testing.T, evs []harness.SSEEvent, epoch string, stream uint32, seqs ...uint64) {
+func wantIDs(t *testing.T, evs []mcptest.Event, epoch string, stream uint32, seqs ...uint64) {
 	t.Helper()
 	want := make([]string, len(seqs))
 	for i, s := range seqs {
@@ -201,7 +161,7 @@ func adminDo(t *testing.T, c *harness.Caddy, method, path string) (int, []byte) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := oneShot.Do(req)
+	resp, err := mcptest.AdminClient.Do(req)
 	if err != nil {
 		t.Fatalf("admin %s %s: %v", method, path, err)
 	}

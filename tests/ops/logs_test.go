@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -37,7 +38,7 @@ type logLine struct {
 func findLog(t *testing.T, path, msg, session string) (logLine, bool) {
 	t.Helper()
 	var found logLine
-	ok := harness.Eventually(3*time.Second, 20*time.Millisecond, func() bool {
+	ok := mcptest.Eventually(3*time.Second, 20*time.Millisecond, func() bool {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			return false
@@ -69,17 +70,17 @@ func TestLogsFollowReload(t *testing.T) {
 		c.LoadWithGlobal(t, logTo(path), site(upstream, ""))
 		cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
 		cl.Initialize()
-		l, ok := findLog(t, path, "session registered", cl.SID)
+		l, ok := findLog(t, path, "session registered", cl.SessionID)
 		if !ok || l.Level != "info" || l.Logger != "http.handlers.mcp_resume" {
-			t.Fatalf("config %d: no 'session registered' line for %s in %s (got %+v)", i+1, cl.SID, path, l)
+			t.Fatalf("config %d: no 'session registered' line for %s in %s (got %+v)", i+1, cl.SessionID, path, l)
 		}
-		if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+cl.SID); status != http.StatusNoContent {
+		if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+cl.SessionID); status != http.StatusNoContent {
 			t.Fatalf("purge: %d %s", status, raw)
 		}
-		if l, ok := findLog(t, path, "session ended", cl.SID); !ok || l.Reason != "purged" {
-			_, stale := findLog(t, first, "session ended", cl.SID)
+		if l, ok := findLog(t, path, "session ended", cl.SessionID); !ok || l.Reason != "purged" {
+			_, stale := findLog(t, first, "session ended", cl.SessionID)
 			t.Errorf("config %d: no 'session ended' line (reason purged) for %s in %s, the log of the current config (in %s, the first config's log: %v)",
-				i+1, cl.SID, filepath.Base(path), filepath.Base(first), stale)
+				i+1, cl.SessionID, filepath.Base(path), filepath.Base(first), stale)
 		}
 	}
 }

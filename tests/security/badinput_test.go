@@ -1,6 +1,7 @@
 package security
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,18 +12,19 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
 // badEnv is what the rows of TestBadInputs work with.
 type badEnv struct {
 	caddy  *harness.Caddy
-	host   string  // the proxy's host:port
-	main   *client // the session the rows poke at (2025-03-26, so batches are allowed)
-	direct *client // the same session, straight to the upstream
-	epoch  string  // main's epoch
-	stream uint32  // main's setup stream
-	head   uint64  // its head
+	host   string          // the proxy's host:port
+	main   *mcptest.Client // the session the rows poke at (2025-03-26, so batches are allowed)
+	direct *mcptest.Client // the same session, straight to the upstream
+	epoch  string          // main's epoch
+	stream uint32          // main's setup stream
+	head   uint64          // its head
 	bgs    []*background
 }
 
@@ -49,8 +51,9 @@ type badInput struct {
 // still be flowing, and at the end every event they received must be
 // contiguous and complete.
 func TestBadInputs(t *testing.T) {
+	ctx := t.Context()
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	caddy := harness.StartCaddy(t, harness.Site(upstream, `		max_request_bytes 64KiB
+	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, `		max_request_bytes 64KiB
 		max_event_bytes 64KiB
 		max_stream_bytes 1MiB
 		max_sessions 3
@@ -62,10 +65,10 @@ func TestBadInputs(t *testing.T) {
 		startBackground(t, caddy.Base(), "bg-a", "2025-03-26", 40, 30),
 		startBackground(t, caddy.Base(), "bg-b", "2025-11-25", 40, 30),
 	}
-	e.main = newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
-	e.direct = newClient("http://"+upstream, e.main.version, nil)
-	e.direct.sid = e.main.sid
-	setup := must(t)(e.main.call(1, "echo", map[string]any{"text": "main-secret-5a7"}, "main"))
+	e.main = mustInit(t, newClient(caddy.Base(), "2025-03-26", nil))
+	e.direct = newClient("http://"+upstream, e.main.Version, nil)
+	e.direct.SessionID = e.main.SessionID
+	setup := must(t)(e.main.Call(ctx, 1, "echo", map[string]any{"text": "main-secret-5a7"}, "main"))
 	ids, err := checkIDs(setup.events)
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("setup call: %v: %s", err, setup)
@@ -75,7 +78,7 @@ func TestBadInputs(t *testing.T) {
 		b.flowing(t, 1)
 	}
 
-	for _, row := range badInputRows() {
+	for _, row := range badInputRows(ctx) {
 		t.Run(row.name, func(t *testing.T) {
 			t.Logf("want: %s", row.want)
 			x, err := row.send(e)
@@ -106,7 +109,7 @@ func TestBadInputs(t *testing.T) {
 	// streams of the max_streams_per_session row are out of their window).
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		x, err := finish(e.main.call(9999, "echo", map[string]any{"text": "after all rows"}, "main"))
+		x, err := finish(e.main.Call(ctx, 9999, "echo", map[string]any{"text": "after all rows"}, "main"))
 		if err == nil && strings.Contains(string(x.body), "after all rows") {
 			break
 		}
@@ -120,20 +123,20 @@ func TestBadInputs(t *testing.T) {
 	}
 }
 
-func badInputRows() []badInput {
+func badInputRows(ctx context.Context) []badInput {
 	get := func(lastID func(e *badEnv) string) func(e *badEnv) (exchange, error) {
-		return func(e *badEnv) (exchange, error) { return finish(e.main.resume(lastID(e))) }
+		return func(e *badEnv) (exchange, error) { return finish(e.main.Resume(ctx, lastID(e))) }
 	}
 	raw := func(headersOnly bool, lines func(e *badEnv) []string) func(e *badEnv) (exchange, error) {
 		return func(e *badEnv) (exchange, error) {
-			return rawExchange(e.host, rawGet(e.host, e.main.sid, e.main.version, lines(e)...), headersOnly)
+			return rawExchange(e.host, rawGet(e.host, e.main.SessionID, e.main.Version, lines(e)...), headersOnly)
 		}
 	}
 	malformed := func(name, want string, lastID func(e *badEnv) string) badInput {
 		return badInput{name: name, want: want, send: get(lastID), status: 400, rpcErr: true}
 	}
 	post := func(body string, extra http.Header) func(e *badEnv) (exchange, error) {
-		return func(e *badEnv) (exchange, error) { return finish(e.main.do("POST", body, extra)) }
+		return func(e *badEnv) (exchange, error) { return finish(e.main.Do(ctx, "POST", body, extra)) }
 	}
 	// upstreamDecides: the proxy answers what the upstream answers the same
 	// bytes (sent straight to it afterwards, in the same session).
@@ -142,14 +145,14 @@ func badInputRows() []badInput {
 			name: name, want: "what the upstream answers the same request (the proxy must not crash or interfere)",
 			send: post(body, extra),
 			check: func(t *testing.T, e *badEnv, x exchange) {
-				d, err := finish(e.direct.do("POST", body, extra))
+				d, err := finish(e.direct.Do(ctx, "POST", body, extra))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if d.status != x.status || mediaType(d.header) != mediaType(x.header) {
+				if d.status != x.status || mcptest.MediaType(d.header) != mcptest.MediaType(x.header) {
 					t.Fatalf("proxy %s, upstream %s", x, d)
 				}
-				if mediaType(x.header) == "text/event-stream" {
+				if mcptest.MediaType(x.header) == "text/event-stream" {
 					if _, err := checkIDs(x.events); err != nil {
 						t.Fatal(err)
 					}
@@ -162,7 +165,7 @@ func badInputRows() []badInput {
 						t.Fatalf("proxy's final message %s, upstream's %s", x.events[len(x.events)-1].Data, d.events[len(d.events)-1].Data)
 					}
 				}
-				t.Logf("proxy and upstream both: %d %s", x.status, mediaType(x.header))
+				t.Logf("proxy and upstream both: %d %s", x.status, mcptest.MediaType(x.header))
 			},
 		}
 	}
@@ -177,7 +180,7 @@ func badInputRows() []badInput {
 			name: "Last-Event-ID empty", want: "treated as absent: 200, the session's standalone stream",
 			send: raw(true, func(e *badEnv) []string { return []string{"Last-Event-ID:"} }), status: 200,
 			check: func(t *testing.T, e *badEnv, x exchange) {
-				if mediaType(x.header) != "text/event-stream" {
+				if mcptest.MediaType(x.header) != "text/event-stream" {
 					t.Fatalf("not a stream: %s", x)
 				}
 			},
@@ -247,19 +250,19 @@ func badInputRows() []badInput {
 		{
 			name: "main's Last-Event-ID under a background session's Mcp-Session-Id", want: "400 (the epoch is not that session's)",
 			send: func(e *badEnv) (exchange, error) {
-				bg := e.main.with(nil)
-				bg.sid = e.bgs[0].c.sid
-				return finish(bg.resume(e.id(e.stream, 0)))
+				bg := e.main.WithHeader(nil)
+				bg.SessionID = e.bgs[0].c.SessionID
+				return finish(bg.Resume(ctx, e.id(e.stream, 0)))
 			},
 			status: 400, rpcErr: true,
 		},
 		{
 			name: "main's Last-Event-ID without Mcp-Session-Id", want: "passes through: what the upstream answers, and no events",
 			send: func(e *badEnv) (exchange, error) {
-				return finish(e.main.do("GET", "", http.Header{"Last-Event-Id": {e.id(e.stream, 0)}, "Mcp-Session-Id": nil}))
+				return finish(e.main.Do(ctx, "GET", "", http.Header{"Last-Event-Id": {e.id(e.stream, 0)}, "Mcp-Session-Id": nil}))
 			},
 			check: func(t *testing.T, e *badEnv, x exchange) {
-				d, err := finish(e.direct.do("GET", "", http.Header{"Last-Event-Id": {e.id(e.stream, 0)}, "Mcp-Session-Id": nil}))
+				d, err := finish(e.direct.Do(ctx, "GET", "", http.Header{"Last-Event-Id": {e.id(e.stream, 0)}, "Mcp-Session-Id": nil}))
 				if err != nil || d.status != x.status || x.status == 200 {
 					t.Fatalf("proxy %s, upstream %s (%v)", x, d, err)
 				}
@@ -268,9 +271,9 @@ func badInputRows() []badInput {
 		{
 			name: "main's Last-Event-ID under an unknown Mcp-Session-Id", want: "the upstream's 404 (the session is unknown there too), no events",
 			send: func(e *badEnv) (exchange, error) {
-				c := e.main.with(nil)
-				c.sid = "no-such-session-4711"
-				return finish(c.resume(e.id(e.stream, 0)))
+				c := e.main.WithHeader(nil)
+				c.SessionID = "no-such-session-4711"
+				return finish(c.Resume(ctx, e.id(e.stream, 0)))
 			},
 			status: 404,
 		},
@@ -285,11 +288,11 @@ func badInputRows() []badInput {
 				}
 				answered := map[string]bool{}
 				for _, ev := range x.events {
-					var msgs []message
+					var msgs []mcptest.Message
 					if strings.HasPrefix(ev.Data, "[") {
 						json.Unmarshal([]byte(ev.Data), &msgs)
 					} else if m, ok := decode(ev.Data); ok {
-						msgs = []message{m}
+						msgs = []mcptest.Message{m}
 					}
 					for _, m := range msgs {
 						if m.Result != nil {
@@ -331,12 +334,12 @@ func badInputRows() []badInput {
 			name: "chunked body larger than max_request_bytes", want: "413 with a JSON-RPC error body",
 			send: func(e *badEnv) (exchange, error) {
 				body := fmt.Sprintf(`{"jsonrpc":"2.0","id":305,"method":"tools/call","params":{"name":"echo","arguments":{"text":%q}}}`, big)
-				req, _ := http.NewRequest("POST", e.main.url, io.MultiReader(strings.NewReader(body))) // no length: chunked
+				req, _ := http.NewRequest("POST", e.main.URL, io.MultiReader(strings.NewReader(body))) // no length: chunked
 				req.Header.Set("Content-Type", "application/json; charset=utf-8")
 				req.Header.Set("Accept", "application/json, text/event-stream")
-				req.Header.Set("Mcp-Session-Id", e.main.sid)
-				req.Header.Set("Mcp-Protocol-Version", e.main.version)
-				return finish(e.main.http.Do(req))
+				req.Header.Set("Mcp-Session-Id", e.main.SessionID)
+				req.Header.Set("Mcp-Protocol-Version", e.main.Version)
+				return finish(e.main.HTTP.Do(req))
 			},
 			status: 413, rpcErr: true,
 		},
@@ -345,7 +348,7 @@ func badInputRows() []badInput {
 			send: post(`{"jsonrpc":"2.0","id":401,"method":"tools/call","params":{"name":"big","arguments":{"bytes":100000}}}`, nil), status: 200,
 			check: func(t *testing.T, e *badEnv, x exchange) {
 				gapID := checkTooLarge(t, x, "401")
-				r := must(t)(e.main.resume(gapID))
+				r := must(t)(e.main.Resume(ctx, gapID))
 				if r.status != 200 {
 					t.Fatalf("resume of the failed stream at %s: %s", gapID, r)
 				}
@@ -356,7 +359,7 @@ func badInputRows() []badInput {
 			name: "max_sessions reached", want: "the 4th initialize gets 503 with Retry-After and a JSON-RPC error body",
 			send: func(e *badEnv) (exchange, error) {
 				c := newClient(e.caddy.Base(), "2025-03-26", nil)
-				return finish(c.do("POST", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"4th","version":"1"}}}`, nil))
+				return finish(c.Do(ctx, "POST", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"4th","version":"1"}}}`, nil))
 			},
 			status: 503, rpcErr: true,
 			check: func(t *testing.T, e *badEnv, x exchange) {
@@ -376,7 +379,7 @@ func badInputRows() []badInput {
 				}()
 				for k := 0; k <= 17; k++ {
 					// Long enough that all are live at once: only live streams count.
-					resp, err := e.main.do("POST", callBody(500+k, "count", map[string]any{"n": 30, "interval_ms": 100}, fmt.Sprint("limit-", k)), nil)
+					resp, err := e.main.Do(ctx, "POST", mcptest.CallBody(500+k, "count", map[string]any{"n": 30, "interval_ms": 100}, fmt.Sprint("limit-", k)), nil)
 					if err != nil {
 						return exchange{}, err
 					}
@@ -421,12 +424,12 @@ func badInputRows() []badInput {
 // then the end. It returns the gap's id (the client's new cursor).
 func checkTooLarge(t *testing.T, x exchange, reqID string) string {
 	t.Helper()
-	var gap *harness.SSEEvent
+	var gap *mcptest.Event
 	var errFor bool
 	for i, ev := range x.events {
 		switch {
 		case ev.Type == "gap":
-			var g gapData
+			var g mcptest.Gap
 			if err := json.Unmarshal([]byte(ev.Data), &g); err != nil || g.Reason != "too_large" {
 				t.Fatalf("gap event %q: %v", ev.Data, err)
 			}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net"
 	"net/http"
 	"strings"
@@ -17,118 +16,27 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-// client speaks Streamable HTTP by hand. Its methods return errors rather
-// than failing a test, so background goroutines can use them too.
-type client struct {
-	url     string
-	sid     string
-	version string
-	header  http.Header // sent with every request (credentials)
-	http    *http.Client
-}
-
-func newClient(base, version string, header http.Header) *client {
-	if header == nil {
-		header = http.Header{}
-	}
-	return &client{url: base + "/mcp", version: version, header: header,
-		http: &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableCompression: true}}}
-}
-
-// with returns a copy of c that sends other credentials (same session).
-func (c *client) with(header http.Header) *client {
-	d := *c
-	if header == nil {
-		header = http.Header{}
-	}
-	d.header = header
-	return &d
-}
-
-// do sends a request. body "" means none; extra headers override defaults;
-// an extra header with a nil value is removed.
-func (c *client) do(method, body string, extra http.Header) (*http.Response, error) {
-	req, err := harness.NewStreamableRequest(context.Background(), method, c.url, body, c.header, c.sid, c.version)
-	if err != nil {
-		return nil, err
-	}
-	for k, v := range extra {
-		if v == nil {
-			req.Header.Del(k)
-		} else {
-			req.Header[http.CanonicalHeaderKey(k)] = v
-		}
-	}
-	return c.http.Do(req)
-}
-
-// initialize opens a session and sends notifications/initialized.
-func (c *client) initialize() error {
-	resp, err := c.do("POST", fmt.Sprintf(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":%q,"capabilities":{},"clientInfo":{"name":"security","version":"1"}}}`, c.version), nil)
-	if err != nil {
-		return err
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return fmt.Errorf("initialize: %d %s", resp.StatusCode, body)
-	}
-	c.sid = resp.Header.Get("Mcp-Session-Id")
-	if c.sid == "" || !bytes.Contains(body, []byte(c.version)) {
-		return fmt.Errorf("initialize: no session or other version: %q", body)
-	}
-	resp, err = c.do("POST", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, nil)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 202 {
-		return fmt.Errorf("notifications/initialized: %d", resp.StatusCode)
-	}
-	return nil
-}
-
-func (c *client) mustInit(t *testing.T) *client {
-	t.Helper()
-	if err := c.initialize(); err != nil {
-		t.Fatal(err)
-	}
+// newClient returns a raw client with its own connection pool, sending
+// header (credentials) with every request.
+func newClient(base, version string, header http.Header) *mcptest.Client {
+	c := mcptest.NewClient(base, version, &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableCompression: true}})
+	c.Header = header
 	return c
 }
 
-// callBody is a tools/call request with a progress token.
-func callBody(id any, tool string, args map[string]any, token string) string {
-	a, _ := json.Marshal(args)
-	i, _ := json.Marshal(id)
-	return fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":%q,"arguments":%s,"_meta":{"progressToken":%q}}}`, i, tool, a, token)
-}
-
-// call starts a tools/call and returns its open SSE response.
-func (c *client) call(id any, tool string, args map[string]any, token string) (*http.Response, error) {
-	resp, err := c.do("POST", callBody(id, tool, args, token), nil)
-	if err != nil {
-		return nil, err
+// mustInit opens c's session.
+func mustInit(t *testing.T, c *mcptest.Client) *mcptest.Client {
+	t.Helper()
+	if err := c.Initialize(t.Context()); err != nil {
+		t.Fatal(err)
 	}
-	if resp.StatusCode != 200 || mediaType(resp.Header) != "text/event-stream" {
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return nil, fmt.Errorf("tools/call %s: %d %s %s", tool, resp.StatusCode, resp.Header.Get("Content-Type"), b)
-	}
-	return resp, nil
-}
-
-// resume sends GET with Last-Event-ID.
-func (c *client) resume(lastID string) (*http.Response, error) {
-	return c.do("GET", "", http.Header{"Last-Event-Id": {lastID}})
-}
-
-func mediaType(h http.Header) string {
-	mt, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
-	return mt
+	return c
 }
 
 // exchange is a finished request: status, headers, the whole body, and the
@@ -137,7 +45,7 @@ type exchange struct {
 	status int
 	header http.Header
 	body   []byte
-	events []harness.SSEEvent
+	events []mcptest.Event
 }
 
 func (x exchange) String() string {
@@ -159,7 +67,7 @@ func finish(resp *http.Response, err error) (exchange, error) {
 	if err != nil {
 		return x, fmt.Errorf("reading body: %v (after %d bytes)", err, len(body))
 	}
-	if mediaType(resp.Header) == "text/event-stream" {
+	if mcptest.MediaType(resp.Header) == "text/event-stream" {
 		x.events, err = parseSSE(body)
 	}
 	return x, err
@@ -183,12 +91,11 @@ func must(t *testing.T) func(*http.Response, error) exchange {
 	}
 }
 
-// parseSSE splits a complete SSE body (as the proxy writes it: LF line
-// endings) into events. A CR anywhere is an error: the proxy re-frames
-// upstream events with LF only.
-func parseSSE(body []byte) ([]harness.SSEEvent, error) {
-	var evs []harness.SSEEvent
-	err := streamEvents(bytes.NewReader(body), func(ev harness.SSEEvent) bool {
+// parseSSE splits a complete SSE body into events, strictly (see
+// streamEvents).
+func parseSSE(body []byte) ([]mcptest.Event, error) {
+	var evs []mcptest.Event
+	err := streamEvents(bytes.NewReader(body), func(ev mcptest.Event) bool {
 		evs = append(evs, ev)
 		return true
 	})
@@ -199,8 +106,8 @@ func parseSSE(body []byte) ([]harness.SSEEvent, error) {
 // until the body ends or fn returns false. The reader is strict: the proxy
 // re-frames upstream events with LF only and the fields it knows, so
 // anything else from it is an error.
-func streamEvents(r io.Reader, fn func(harness.SSEEvent) bool) error {
-	sr := harness.NewSSEReader(r, 64<<10)
+func streamEvents(r io.Reader, fn func(mcptest.Event) bool) error {
+	sr := mcptest.NewSSEReader(r, 64<<10)
 	sr.Strict = true
 	for {
 		ev, err := sr.Next()
@@ -224,7 +131,7 @@ func rpcError(t *testing.T, x exchange, status int) (code int, message string) {
 	if x.status != status {
 		t.Fatalf("want %d with a JSON-RPC error, got %s", status, x)
 	}
-	if mt := mediaType(x.header); mt != "application/json" {
+	if mt := mcptest.MediaType(x.header); mt != "application/json" {
 		t.Fatalf("want Content-Type application/json, got %q (%s)", mt, x)
 	}
 	var m struct {
@@ -240,48 +147,15 @@ func rpcError(t *testing.T, x exchange, status int) (code int, message string) {
 	return *m.Error.Code, m.Error.Message
 }
 
-// message is a JSON-RPC message as tests look at it.
-type message struct {
-	ID     json.RawMessage `json:"id"`
-	Method string          `json:"method"`
-	Params struct {
-		ProgressToken any     `json:"progressToken"`
-		Progress      float64 `json:"progress"`
-		Level         string  `json:"level"`
-		Logger        string  `json:"logger"`
-		Data          any     `json:"data"`
-	} `json:"params"`
-	Result *struct {
-		Content []struct {
-			Text string `json:"text"`
-		} `json:"content"`
-		StructuredContent map[string]any `json:"structuredContent"`
-	} `json:"result"`
-	Error *struct {
-		Code    int            `json:"code"`
-		Message string         `json:"message"`
-		Data    map[string]any `json:"data"`
-	} `json:"error"`
-}
-
-func decode(data string) (message, bool) {
-	var m message
-	err := json.Unmarshal([]byte(data), &m)
+func decode(data string) (mcptest.Message, bool) {
+	m, err := mcptest.DecodeMessage(data)
 	return m, err == nil
-}
-
-// gapData is the data of the proxy's gap event.
-type gapData struct {
-	LastEventID string `json:"lastEventId"`
-	ResumeFrom  string `json:"resumeFrom"`
-	Lost        int64  `json:"lost"`
-	Reason      string `json:"reason"`
 }
 
 // checkIDs checks that every event carries a proxy ID of one stream, with
 // contiguous seqs (a leading priming event at seq 0 allowed), and returns
 // the parsed IDs.
-func checkIDs(evs []harness.SSEEvent) ([]eventid.ID, error) {
+func checkIDs(evs []mcptest.Event) ([]eventid.ID, error) {
 	var out []eventid.ID
 	for i, ev := range evs {
 		id, err := eventid.Parse(ev.ID)
@@ -347,7 +221,7 @@ func rawGet(host, sid, version string, lines ...string) string {
 // foreign.
 type background struct {
 	name   string
-	c      *client
+	c      *mcptest.Client
 	n      int
 	events atomic.Int64
 	calls  atomic.Int64
@@ -363,8 +237,7 @@ type background struct {
 // (n steps, intervalMS apart) until finish.
 func startBackground(t *testing.T, base, name, version string, n, intervalMS int) *background {
 	t.Helper()
-	b := &background{name: name, c: newClient(base, version, nil), n: n, stop: make(chan struct{}), done: make(chan struct{})}
-	b.c.mustInit(t)
+	b := &background{name: name, c: mustInit(t, newClient(base, version, nil)), n: n, stop: make(chan struct{}), done: make(chan struct{})}
 	go b.run(intervalMS)
 	t.Cleanup(func() {
 		select {
@@ -402,7 +275,9 @@ func (b *background) run(intervalMS int) {
 func (b *background) oneCall(k, intervalMS int) error {
 	token := fmt.Sprintf("%s-call-%d", b.name, k)
 	reqID := 1000 + k
-	resp, err := b.c.call(reqID, "count", map[string]any{"n": b.n, "interval_ms": intervalMS}, token)
+	// Each call runs to its end, even once the test is over: finish waits
+	// for it.
+	resp, err := b.c.Call(context.Background(), reqID, "count", map[string]any{"n": b.n, "interval_ms": intervalMS}, token)
 	if err != nil {
 		return err
 	}
@@ -413,7 +288,7 @@ func (b *background) oneCall(k, intervalMS int) error {
 		result   bool
 		perr     error
 	)
-	err = streamEvents(resp.Body, func(ev harness.SSEEvent) bool {
+	err = streamEvents(resp.Body, func(ev mcptest.Event) bool {
 		id, err := eventid.Parse(ev.ID)
 		if err != nil {
 			perr = fmt.Errorf("event without a proxy id: %+v", ev)
@@ -517,34 +392,14 @@ func (b *background) finish(t *testing.T) {
 	t.Logf("background session %s: %d calls, %d progress events, all contiguous and complete", b.name, b.calls.Load(), b.events.Load())
 }
 
-// sessionInfo is the admin API's view of one session.
-type sessionInfo struct {
-	ID      string `json:"id"`
-	Epoch   string `json:"epoch"`
-	Streams []struct {
-		Num   uint32 `json:"stream"`
-		Kind  string `json:"kind"`
-		State string `json:"state"`
-		Bytes int64  `json:"retained_bytes"`
-	} `json:"streams"`
-}
-
 // adminSession returns the proxy's view of a session, ok false if it holds none.
-func adminSession(t *testing.T, c *harness.Caddy, sid string) (sessionInfo, bool) {
+func adminSession(t *testing.T, c *harness.Caddy, sid string) (buffer.SessionInfo, bool) {
 	t.Helper()
-	resp, err := http.Get(c.Admin() + "/mcp_resume/sessions/" + sid)
+	s, ok, err := mcptest.Session(c.Admin(), sid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound {
-		return sessionInfo{}, false
-	}
-	var s sessionInfo
-	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
-		t.Fatal(err)
-	}
-	return s, true
+	return s, ok
 }
 
 // noLeak fails if any of the secrets appears in b.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -27,7 +28,7 @@ func TestCredentialBinding(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			upstream := harness.StartDemo(t, demoserver.Options{})
-			caddy := harness.StartCaddy(t, harness.Site(upstream, tc.options))
+			caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, tc.options))
 			testCredentialBinding(t, caddy, tc.header)
 		})
 	}
@@ -38,18 +39,19 @@ func cred(header, value string) http.Header {
 }
 
 func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
+	ctx := t.Context()
 	aliceCred, malloryCred := "Bearer alice-0c7e", "Bearer mallory-5d1b"
-	alice := newClient(caddy.Base(), "2025-11-25", cred(header, aliceCred)).mustInit(t)
+	alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred(header, aliceCred)))
 
 	// Alice's call: every event carries her secret token; the result her
 	// secret text.
 	const secretToken, secretText = "alice-secret-token-7f3a", "alice-secret-result-91c2"
-	x := must(t)(alice.call(1, "count", map[string]any{"n": 4, "interval_ms": 5}, secretToken))
+	x := must(t)(alice.Call(ctx, 1, "count", map[string]any{"n": 4, "interval_ms": 5}, secretToken))
 	ids, err := checkIDs(x.events)
 	if err != nil || len(x.events) != 6 {
 		t.Fatalf("alice's call: %v: %s", err, x)
 	}
-	x2 := must(t)(alice.call(2, "echo", map[string]any{"text": secretText}, secretToken))
+	x2 := must(t)(alice.Call(ctx, 2, "echo", map[string]any{"text": secretText}, secretToken))
 	if !strings.Contains(string(x2.body), secretText) {
 		t.Fatalf("alice's echo: %s", x2)
 	}
@@ -57,15 +59,15 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 	// from it would send events 2.. (with the secret token).
 	cursor := x.events[1].ID
 	secrets := []string{secretToken, secretText, aliceCred}
-	info, ok := adminSession(t, caddy, alice.sid)
+	info, ok := adminSession(t, caddy, alice.SessionID)
 	if !ok {
 		t.Fatal("alice's session is not held by the proxy")
 	}
 	streamsBefore := len(info.Streams)
 
-	mallory := alice.with(cred(header, malloryCred))
-	anonymous := alice.with(nil)
-	both := alice.with(http.Header{http.CanonicalHeaderKey(header): {aliceCred, malloryCred}})
+	mallory := alice.WithHeader(cred(header, malloryCred))
+	anonymous := alice.WithHeader(nil)
+	both := alice.WithHeader(http.Header{http.CanonicalHeaderKey(header): {aliceCred, malloryCred}})
 
 	forbidden := func(t *testing.T, what string, x exchange, err error) {
 		t.Helper()
@@ -82,35 +84,35 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 	t.Run("resume with a valid Last-Event-ID", func(t *testing.T) {
 		for _, c := range []struct {
 			name string
-			cl   *client
+			cl   *mcptest.Client
 		}{{"other credential", mallory}, {"no credential", anonymous}, {"both credentials", both}} {
-			x, err := finish(c.cl.resume(cursor))
+			x, err := finish(c.cl.Resume(ctx, cursor))
 			forbidden(t, c.name, x, err)
 			// The head and the priming position too.
-			x, err = finish(c.cl.resume(x2.events[len(x2.events)-1].ID))
+			x, err = finish(c.cl.Resume(ctx, x2.events[len(x2.events)-1].ID))
 			forbidden(t, c.name+" at head", x, err)
-			x, err = finish(c.cl.resume(ids[0].String()))
+			x, err = finish(c.cl.Resume(ctx, ids[0].String()))
 			forbidden(t, c.name+" at seq 0", x, err)
 		}
 	})
 	t.Run("standalone GET", func(t *testing.T) {
-		x, err := finish(mallory.do("GET", "", nil))
+		x, err := finish(mallory.Do(ctx, "GET", "", nil))
 		forbidden(t, "standalone GET", x, err)
 	})
 	t.Run("POST tools/call", func(t *testing.T) {
-		x, err := finish(mallory.do("POST", callBody(3, "echo", map[string]any{"text": "mallory-was-here"}, "m"), nil))
+		x, err := finish(mallory.Do(ctx, "POST", mcptest.CallBody(3, "echo", map[string]any{"text": "mallory-was-here"}, "m"), nil))
 		forbidden(t, "tools/call", x, err)
-		x, err = finish(mallory.do("POST", `[`+callBody(4, "echo", map[string]any{"text": "mallory-batch"}, "m")+`]`, nil))
+		x, err = finish(mallory.Do(ctx, "POST", `[`+mcptest.CallBody(4, "echo", map[string]any{"text": "mallory-batch"}, "m")+`]`, nil))
 		forbidden(t, "tools/call batch", x, err)
-		x, err = finish(mallory.do("POST", `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`, nil))
+		x, err = finish(mallory.Do(ctx, "POST", `{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`, nil))
 		forbidden(t, "notification", x, err)
-		x, err = finish(mallory.do("POST", `{"jsonrpc":"2.0","id":1,"result":{}}`, nil))
+		x, err = finish(mallory.Do(ctx, "POST", `{"jsonrpc":"2.0","id":1,"result":{}}`, nil))
 		forbidden(t, "response", x, err)
 	})
 	t.Run("POST initialize naming the session", func(t *testing.T) {
 		// The proxy takes an initialize for a new session and forwards it
 		// before any credential check; but this one names alice's session.
-		x, err := finish(mallory.do("POST", `{"jsonrpc":"2.0","id":5,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"m","version":"1"}}}`, nil))
+		x, err := finish(mallory.Do(ctx, "POST", `{"jsonrpc":"2.0","id":5,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"m","version":"1"}}}`, nil))
 		forbidden(t, "initialize with alice's Mcp-Session-Id", x, err)
 	})
 	t.Run("POST tools/call disguised as initialize", func(t *testing.T) {
@@ -118,7 +120,7 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 		// tools/call in alice's session. The proxy must not read "METHOD"
 		// as the method and wave the request through as an initialize.
 		body := `{"jsonrpc":"2.0","id":6,"method":"tools/call","METHOD":"initialize","params":{"name":"echo","arguments":{"text":"mallory-smuggled"}}}`
-		x, err := finish(mallory.do("POST", body, nil))
+		x, err := finish(mallory.Do(ctx, "POST", body, nil))
 		if err == nil && strings.Contains(string(x.body), "mallory-smuggled") {
 			t.Errorf("mallory's tools/call ran in alice's session: %s", x)
 		}
@@ -128,20 +130,20 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 		// The upstream SDK accepts 2024-11-05 in the header and runs the
 		// call in alice's session; the header must not switch the binding off.
 		v := http.Header{"Mcp-Protocol-Version": {"2024-11-05"}}
-		x, err := finish(mallory.do("POST", callBody(8, "echo", map[string]any{"text": "mallory-old-version"}, "m"), v))
+		x, err := finish(mallory.Do(ctx, "POST", mcptest.CallBody(8, "echo", map[string]any{"text": "mallory-old-version"}, "m"), v))
 		if err == nil && strings.Contains(string(x.body), "mallory-old-version") {
 			t.Errorf("mallory's tools/call ran in alice's session: %s", x)
 		}
 		forbidden(t, "tools/call with Mcp-Protocol-Version 2024-11-05", x, err)
 	})
 	t.Run("standalone GET with a protocol version the proxy does not track", func(t *testing.T) {
-		resp, err := mallory.do("GET", "", http.Header{"Mcp-Protocol-Version": {"2024-11-05"}})
+		resp, err := mallory.Do(ctx, "GET", "", http.Header{"Mcp-Protocol-Version": {"2024-11-05"}})
 		if err == nil && resp.StatusCode == 200 {
 			defer resp.Body.Close() // an open stream: do not wait for its end
 			// Alice's server-initiated notifications now go to mallory.
-			must(t)(alice.call(10, "notify", map[string]any{"n": 1, "interval_ms": 50}, "a"))
+			must(t)(alice.Call(ctx, 10, "notify", map[string]any{"n": 1, "interval_ms": 50}, "a"))
 			streamsBefore++ // alice's own call
-			evs, _ := harness.ReadSSE(resp.Body, 1, 3*time.Second)
+			evs, _ := mcptest.ReadEvents(resp.Body, 1, 3*time.Second)
 			t.Fatalf("mallory got alice's standalone stream from the upstream (%s), and on it: %+v", resp.Header.Get("Content-Type"), evs)
 		}
 		x, err := finish(resp, err)
@@ -153,25 +155,25 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 		// substring "application/json" runs it: the binding must not
 		// depend on how the proxy classifies the body.
 		ct := http.Header{"Content-Type": {"text/plain; x=application/json"}}
-		x, err := finish(mallory.do("POST", callBody(9, "echo", map[string]any{"text": "mallory-content-type"}, "m"), ct))
+		x, err := finish(mallory.Do(ctx, "POST", mcptest.CallBody(9, "echo", map[string]any{"text": "mallory-content-type"}, "m"), ct))
 		forbidden(t, "tools/call with Content-Type text/plain", x, err)
 	})
 	t.Run("DELETE", func(t *testing.T) {
-		x, err := finish(mallory.do("DELETE", "", nil))
+		x, err := finish(mallory.Do(ctx, "DELETE", "", nil))
 		forbidden(t, "DELETE", x, err)
-		x, err = finish(anonymous.do("DELETE", "", nil))
+		x, err = finish(anonymous.Do(ctx, "DELETE", "", nil))
 		forbidden(t, "DELETE without credential", x, err)
-		if _, ok := adminSession(t, caddy, alice.sid); !ok {
+		if _, ok := adminSession(t, caddy, alice.SessionID); !ok {
 			t.Fatal("the session was deleted")
 		}
 	})
 
 	t.Run("alice is unaffected", func(t *testing.T) {
-		if info, ok := adminSession(t, caddy, alice.sid); !ok || len(info.Streams) != streamsBefore {
+		if info, ok := adminSession(t, caddy, alice.SessionID); !ok || len(info.Streams) != streamsBefore {
 			t.Errorf("alice's session changed: held %v, streams %d -> %d", ok, streamsBefore, len(info.Streams))
 		}
 		// Her resume replays exactly what followed the cursor.
-		r := must(t)(alice.resume(cursor))
+		r := must(t)(alice.Resume(ctx, cursor))
 		if r.status != 200 || len(r.events) != len(x.events)-2 {
 			t.Fatalf("alice's resume: want the %d events after %s, got %s", len(x.events)-2, cursor, r)
 		}
@@ -181,33 +183,33 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 			}
 		}
 		// And her session still works upstream.
-		e := must(t)(alice.call(7, "echo", map[string]any{"text": "still here"}, "t"))
+		e := must(t)(alice.Call(ctx, 7, "echo", map[string]any{"text": "still here"}, "t"))
 		if !strings.Contains(string(e.body), "still here") {
 			t.Fatalf("alice's call after the attacks: %s", e)
 		}
 	})
 
 	t.Run("no credential at initialize, one at resume", func(t *testing.T) {
-		bob := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
-		bx := must(t)(bob.call(1, "echo", map[string]any{"text": "bob-secret-3e9"}, "b"))
+		bob := mustInit(t, newClient(caddy.Base(), "2025-03-26", nil))
+		bx := must(t)(bob.Call(ctx, 1, "echo", map[string]any{"text": "bob-secret-3e9"}, "b"))
 		if len(bx.events) == 0 {
 			t.Fatalf("bob's call: %s", bx)
 		}
 		bobCursor := bx.events[0].ID
-		x, err := finish(bob.with(cred(header, "Bearer bob")).resume(bobCursor))
+		x, err := finish(bob.WithHeader(cred(header, "Bearer bob")).Resume(ctx, bobCursor))
 		if err != nil {
 			t.Fatal(err)
 		}
 		rpcError(t, x, http.StatusForbidden)
 		noLeak(t, "bob's resume with a credential", x.body, "bob-secret-3e9")
-		x, err = finish(bob.with(cred(header, "Bearer bob")).do("POST", callBody(2, "echo", map[string]any{"text": "x"}, "b"), nil))
+		x, err = finish(bob.WithHeader(cred(header, "Bearer bob")).Do(ctx, "POST", mcptest.CallBody(2, "echo", map[string]any{"text": "x"}, "b"), nil))
 		if err != nil {
 			t.Fatal(err)
 		}
 		rpcError(t, x, http.StatusForbidden)
 		// Without one, as at initialize, it resumes (at head: nothing to replay).
-		ok := must(t)(bob.resume(bobCursor))
-		if ok.status != 200 || mediaType(ok.header) != "text/event-stream" || len(ok.events) != 0 {
+		ok := must(t)(bob.Resume(ctx, bobCursor))
+		if ok.status != 200 || mcptest.MediaType(ok.header) != "text/event-stream" || len(ok.events) != 0 {
 			t.Fatalf("bob's own resume at head: %s", ok)
 		}
 	})
@@ -216,12 +218,12 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 		t.Run("only the bound header counts", func(t *testing.T) {
 			h := cred(header, aliceCred)
 			h.Set("Authorization", "Bearer whatever-"+fmt.Sprint(len(header)))
-			r := must(t)(alice.with(h).resume(x2.events[len(x2.events)-1].ID))
+			r := must(t)(alice.WithHeader(h).Resume(ctx, x2.events[len(x2.events)-1].ID))
 			if r.status != 200 || len(r.events) != 0 {
 				t.Fatalf("alice with another Authorization (not bound): %s", r)
 			}
 			// Header names match case-insensitively.
-			r = must(t)(alice.with(http.Header{strings.ToLower(header): {aliceCred}}).resume(x2.events[len(x2.events)-1].ID))
+			r = must(t)(alice.WithHeader(http.Header{strings.ToLower(header): {aliceCred}}).Resume(ctx, x2.events[len(x2.events)-1].ID))
 			if r.status != 200 {
 				t.Fatalf("alice with a lower-case header name: %s", r)
 			}
@@ -235,17 +237,18 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 // resume (GET) nor by a new request (POST), and its owner must still get
 // it back.
 func TestCredentialBindingAfterExpiry(t *testing.T) {
+	ctx := t.Context()
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	caddy := harness.StartCaddy(t, harness.Site(upstream, "session_idle_timeout 1s"))
-	alice := newClient(caddy.Base(), "2025-03-26", cred("Authorization", "Bearer alice")).mustInit(t)
-	x := must(t)(alice.call(1, "echo", map[string]any{"text": "alice-before-expiry"}, "a"))
+	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, "session_idle_timeout 1s"))
+	alice := mustInit(t, newClient(caddy.Base(), "2025-03-26", cred("Authorization", "Bearer alice")))
+	x := must(t)(alice.Call(ctx, 1, "echo", map[string]any{"text": "alice-before-expiry"}, "a"))
 	if len(x.events) != 1 {
 		t.Fatalf("alice's call: %s", x)
 	}
 	cursor := x.events[0].ID
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if _, held := adminSession(t, caddy, alice.sid); !held {
+		if _, held := adminSession(t, caddy, alice.SessionID); !held {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -253,17 +256,17 @@ func TestCredentialBindingAfterExpiry(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	mallory := alice.with(cred("Authorization", "Bearer mallory"))
+	mallory := alice.WithHeader(cred("Authorization", "Bearer mallory"))
 
 	t.Run("GET resume", func(t *testing.T) {
-		x, err := finish(mallory.resume(cursor))
+		x, err := finish(mallory.Resume(ctx, cursor))
 		if err != nil {
 			t.Fatal(err)
 		}
 		rpcError(t, x, http.StatusForbidden)
 	})
 	t.Run("POST tools/call", func(t *testing.T) {
-		x, err := finish(mallory.do("POST", callBody(2, "echo", map[string]any{"text": "mallory-adopted"}, "m"), nil))
+		x, err := finish(mallory.Do(ctx, "POST", mcptest.CallBody(2, "echo", map[string]any{"text": "mallory-adopted"}, "m"), nil))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -275,7 +278,7 @@ func TestCredentialBindingAfterExpiry(t *testing.T) {
 	t.Run("alice gets her session back", func(t *testing.T) {
 		// The proxy adopts the session again: a gap, a warning, then the
 		// standalone stream follows live (it does not end).
-		resp, err := alice.resume(cursor)
+		resp, err := alice.Resume(ctx, cursor)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -284,11 +287,11 @@ func TestCredentialBindingAfterExpiry(t *testing.T) {
 			x, _ := finish(resp, nil)
 			t.Fatalf("alice's resume after expiry: want 200 with a gap, got %s", x)
 		}
-		evs, err := harness.ReadSSE(resp.Body, 1, 20*time.Second)
+		evs, err := mcptest.ReadEvents(resp.Body, 1, 20*time.Second)
 		if err != nil || len(evs) != 1 || evs[0].Type != "gap" {
 			t.Fatalf("alice's resume after expiry: want a gap first, got %+v (%v)", evs, err)
 		}
-		var g gapData
+		var g mcptest.Gap
 		json.Unmarshal([]byte(evs[0].Data), &g)
 		if g.Reason != "expired" {
 			t.Fatalf("gap %q, want reason expired", evs[0].Data)

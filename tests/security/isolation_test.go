@@ -8,6 +8,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -17,13 +18,14 @@ import (
 // with two concurrent tool calls in one session, a cursor of stream A
 // replays exactly A's missed events and never one of B's, and vice versa.
 func TestIsolation(t *testing.T) {
+	ctx := t.Context()
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	caddy := harness.StartCaddy(t, harness.Site(upstream, ""))
+	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
 
-	s1 := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
-	s2 := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
-	x1 := must(t)(s1.call(1, "echo", map[string]any{"text": "s1-secret-aa1"}, "t1"))
-	x2 := must(t)(s2.call(1, "echo", map[string]any{"text": "s2-secret-bb2"}, "t2"))
+	s1 := mustInit(t, newClient(caddy.Base(), "2025-03-26", nil))
+	s2 := mustInit(t, newClient(caddy.Base(), "2025-03-26", nil))
+	x1 := must(t)(s1.Call(ctx, 1, "echo", map[string]any{"text": "s1-secret-aa1"}, "t1"))
+	x2 := must(t)(s2.Call(ctx, 1, "echo", map[string]any{"text": "s2-secret-bb2"}, "t2"))
 	id1, err1 := checkIDs(x1.events)
 	id2, err2 := checkIDs(x2.events)
 	if err1 != nil || err2 != nil || len(id1) != 1 || len(id2) != 1 {
@@ -33,9 +35,9 @@ func TestIsolation(t *testing.T) {
 		t.Fatalf("two sessions share the epoch %s", id1[0].Epoch)
 	}
 
-	badRequest := func(t *testing.T, c *client, lastID string, secrets ...string) {
+	badRequest := func(t *testing.T, c *mcptest.Client, lastID string, secrets ...string) {
 		t.Helper()
-		x, err := finish(c.resume(lastID))
+		x, err := finish(c.Resume(ctx, lastID))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,23 +57,23 @@ func TestIsolation(t *testing.T) {
 
 	t.Run("two concurrent streams of one session", func(t *testing.T) {
 		const n = 12
-		a, err := s1.call(11, "count", map[string]any{"n": n, "interval_ms": 20}, "token-A")
+		a, err := s1.Call(ctx, 11, "count", map[string]any{"n": n, "interval_ms": 20}, "token-A")
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := s1.call(12, "count", map[string]any{"n": n, "interval_ms": 20}, "token-B")
+		b, err := s1.Call(ctx, 12, "count", map[string]any{"n": n, "interval_ms": 20}, "token-B")
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Read three of A's events, then drop A; read B to its end.
-		var gotA []harness.SSEEvent
-		streamEvents(a.Body, func(ev harness.SSEEvent) bool {
+		var gotA []mcptest.Event
+		streamEvents(a.Body, func(ev mcptest.Event) bool {
 			gotA = append(gotA, ev)
 			return len(gotA) < 3
 		})
 		a.Body.Close()
 		xb := mustFinish(t, b, nil)
-		checkStream := func(what string, evs []harness.SSEEvent, token string, reqID, firstProgress int) eventid.ID {
+		checkStream := func(what string, evs []mcptest.Event, token string, reqID, firstProgress int) eventid.ID {
 			t.Helper()
 			ids, err := checkIDs(evs)
 			if err != nil {
@@ -106,7 +108,7 @@ func TestIsolation(t *testing.T) {
 		}
 
 		// A's cursor replays A's events 4.. and A's result, only.
-		ra := must(t)(s1.resume(gotA[2].ID))
+		ra := must(t)(s1.Resume(ctx, gotA[2].ID))
 		if ra.status != 200 || len(ra.events) != n+1-3 {
 			t.Fatalf("resume of A from %s: want %d events, got %s", gotA[2].ID, n+1-3, ra)
 		}
@@ -116,7 +118,7 @@ func TestIsolation(t *testing.T) {
 		noLeak(t, "A's replay", ra.body, "token-B")
 
 		// B's cursor at 0 replays all of B, only.
-		rb := must(t)(s1.resume(eventid.ID{Epoch: bFirst.Epoch, Stream: bFirst.Stream, Seq: 0}.String()))
+		rb := must(t)(s1.Resume(ctx, eventid.ID{Epoch: bFirst.Epoch, Stream: bFirst.Stream, Seq: 0}.String()))
 		if rb.status != 200 || len(rb.events) != n+1 {
 			t.Fatalf("resume of B from 0: %s", rb)
 		}

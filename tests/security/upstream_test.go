@@ -5,101 +5,38 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-// rawUpstream is a small hand-written Streamable HTTP server that answers
-// initialize normally and then tools/call with whatever SSE bytes the
-// scenario (the tool's name) calls for, malformed ones included. Its count
-// tool behaves like the demo server's, for a background session.
-type rawUpstream struct {
-	sessions atomic.Int64
-}
-
-func (u *rawUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch r.Method {
-	case http.MethodDelete:
+// malformed answers a tools/call with body, RESULT standing for the
+// JSON-RPC result, written in small chunks so that events and line endings
+// straddle writes. With cut the connection then drops without ending the
+// chunked body: the upstream died mid-event.
+func malformed(body string, cut bool) mcptest.Tool {
+	return func(w http.ResponseWriter, r *http.Request, req *mcptest.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
-		return
-	case http.MethodPost:
-	default:
-		http.Error(w, "no standalone stream here", http.StatusMethodNotAllowed)
-		return
-	}
-	var req struct {
-		ID     json.RawMessage `json:"id"`
-		Method string          `json:"method"`
-		Params struct {
-			ProtocolVersion string         `json:"protocolVersion"`
-			Name            string         `json:"name"`
-			Arguments       map[string]int `json:"arguments"`
-			Meta            struct {
-				ProgressToken string `json:"progressToken"`
-			} `json:"_meta"`
-		} `json:"params"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
-		http.Error(w, err.Error(), http.StatusBadRequest)
-		return
-	}
-	switch {
-	case req.ID == nil:
-		w.WriteHeader(http.StatusAccepted)
-		return
-	case req.Method == "initialize":
-		w.Header().Set("Mcp-Session-Id", fmt.Sprintf("raw-session-%d", u.sessions.Add(1)))
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{"protocolVersion":%q,"capabilities":{"tools":{}},"serverInfo":{"name":"raw","version":"1"}}}`,
-			req.ID, req.Params.ProtocolVersion)
-		return
-	case req.Method != "tools/call":
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"jsonrpc":"2.0","id":%s,"result":{}}`, req.ID)
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.WriteHeader(http.StatusOK)
-	flush := func() { http.NewResponseController(w).Flush() }
-	result := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"done %s"}]}}`, req.ID, req.Params.Name)
-	if req.Params.Name == "count" {
-		n, interval := req.Params.Arguments["n"], time.Duration(req.Params.Arguments["interval_ms"])*time.Millisecond
-		for i := 1; i <= n; i++ {
-			time.Sleep(interval)
-			fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":%q,\"progress\":%d,\"total\":%d}}\n\n",
-				req.Params.Meta.ProgressToken, i, n)
-			flush()
+		rc := http.NewResponseController(w)
+		result := fmt.Sprintf(`{"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"done %s"}]}}`, req.ID, req.Params.Name)
+		body := strings.ReplaceAll(body, "RESULT", result)
+		for len(body) > 0 {
+			k := min(len(body), 7)
+			io.WriteString(w, body[:k])
+			body = body[k:]
+			if len(body)%5 == 0 {
+				rc.Flush()
+			}
 		}
-		fmt.Fprintf(w, "event: message\ndata: %s\n\n", result)
-		return
-	}
-	sc, ok := upstreamScenarios[req.Params.Name]
-	if !ok {
-		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"error\":{\"code\":-32602,\"message\":\"no such tool\"}}\n\n", req.ID)
-		return
-	}
-	body := strings.ReplaceAll(sc.body, "RESULT", result)
-	// Written in small chunks, so events and line endings straddle writes.
-	for len(body) > 0 {
-		k := min(len(body), 7)
-		io.WriteString(w, body[:k])
-		body = body[k:]
-		if len(body)%5 == 0 {
-			flush()
-		}
-	}
-	flush()
-	if sc.cut {
-		// Cut the connection without ending the chunked body: the
-		// upstream died mid-event.
-		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
-			conn.Close()
+		rc.Flush()
+		if cut {
+			if conn, _, err := rc.Hijack(); err == nil {
+				conn.Close()
+			}
 		}
 	}
 }
@@ -108,22 +45,20 @@ const notice = `{"jsonrpc":"2.0","method":"notifications/message","params":{"lev
 
 func noticeWith(s string) string { return fmt.Sprintf(notice, s) }
 
-// upstreamScenarios: what the raw upstream answers a tools/call of each
-// name with. RESULT stands for the JSON-RPC result.
-var upstreamScenarios = map[string]struct {
-	body string
-	cut  bool
-}{
-	"no-final-blank-line":    {body: "data: " + noticeWith("first") + "\n\ndata: RESULT"},
-	"no-final-blank-line-lf": {body: "data: " + noticeWith("first") + "\n\ndata: RESULT\n"},
-	"nul-in-data":            {body: "data: " + noticeWith("a\x00b\x00") + "\n\ndata: RESULT\n\n"},
-	"invalid-utf8":           {body: "data: " + noticeWith("\xff\xfe\xc3(\xed\xa0\x80") + "\n\ndata: RESULT\n\n"},
-	"cr-only":                {body: "event: message\rdata: " + noticeWith("cr") + "\r\rdata: RESULT\r\r"},
-	"mixed-endings":          {body: "data: {\"jsonrpc\":\"2.0\",\r\ndata: \"method\":\"notifications/message\",\rdata: \"params\":{\"level\":\"info\",\"logger\":\"raw\",\"data\":\"mixed\"}}\n\r\ndata: RESULT\r\n\r\n"},
-	"upstream-ids":           {body: "id: upstream-secret-1\nretry: 1500\nevent: message\ndata: " + noticeWith("with id") + "\n\nid: up_2\ndata: RESULT\n\n"},
-	"absurdly-long-line":     {body: "data: " + noticeWith("before") + "\n\ndata: " + strings.Repeat("A", 200<<10) + "\n\ndata: RESULT\n\n"},
-	"long-line-no-newline":   {body: "data: " + strings.Repeat("B", 200<<10)},
-	"cut-mid-event":          {body: "data: " + noticeWith("before the cut") + "\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":", cut: true},
+// upstreamScenarios: what the malformed upstream answers a tools/call of
+// each name with. Its count tool streams well-formed progress, for a
+// background session.
+var upstreamScenarios = map[string]mcptest.Tool{
+	"no-final-blank-line":    malformed("data: "+noticeWith("first")+"\n\ndata: RESULT", false),
+	"no-final-blank-line-lf": malformed("data: "+noticeWith("first")+"\n\ndata: RESULT\n", false),
+	"nul-in-data":            malformed("data: "+noticeWith("a\x00b\x00")+"\n\ndata: RESULT\n\n", false),
+	"invalid-utf8":           malformed("data: "+noticeWith("\xff\xfe\xc3(\xed\xa0\x80")+"\n\ndata: RESULT\n\n", false),
+	"cr-only":                malformed("event: message\rdata: "+noticeWith("cr")+"\r\rdata: RESULT\r\r", false),
+	"mixed-endings":          malformed("data: {\"jsonrpc\":\"2.0\",\r\ndata: \"method\":\"notifications/message\",\rdata: \"params\":{\"level\":\"info\",\"logger\":\"raw\",\"data\":\"mixed\"}}\n\r\ndata: RESULT\r\n\r\n", false),
+	"upstream-ids":           malformed("id: upstream-secret-1\nretry: 1500\nevent: message\ndata: "+noticeWith("with id")+"\n\nid: up_2\ndata: RESULT\n\n", false),
+	"absurdly-long-line":     malformed("data: "+noticeWith("before")+"\n\ndata: "+strings.Repeat("A", 200<<10)+"\n\ndata: RESULT\n\n", false),
+	"long-line-no-newline":   malformed("data: "+strings.Repeat("B", 200<<10), false),
+	"cut-mid-event":          malformed("data: "+noticeWith("before the cut")+"\n\ndata: {\"jsonrpc\":\"2.0\",\"id\":", true),
 }
 
 // TestMalformedUpstreamSSE: an upstream that speaks malformed SSE. What the
@@ -132,12 +67,12 @@ var upstreamScenarios = map[string]struct {
 // explicit failure (a gap event and a JSON-RPC error for the request), never
 // a silent loss; and the proxy keeps serving a background session throughout.
 func TestMalformedUpstreamSSE(t *testing.T) {
-	srv := httptest.NewServer(&rawUpstream{})
-	t.Cleanup(srv.Close)
-	caddy := harness.StartCaddy(t, harness.Site(strings.TrimPrefix(srv.URL, "http://"), `		max_event_bytes 64KiB
+	ctx := t.Context()
+	upstream := harness.StartHandler(t, &mcptest.Upstream{FlushEach: true, Tools: upstreamScenarios})
+	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, `		max_event_bytes 64KiB
 		max_stream_bytes 1MiB`))
 	bg := startBackground(t, caddy.Base(), "raw-bg", "2025-03-26", 40, 25)
-	c := newClient(caddy.Base(), "2025-03-26", nil).mustInit(t)
+	c := mustInit(t, newClient(caddy.Base(), "2025-03-26", nil))
 	bg.flowing(t, 1)
 
 	// reframed checks a stream that must arrive whole: every event under a
@@ -170,7 +105,7 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 			for _, ev := range x.events {
 				switch {
 				case ev.Type == "gap":
-					var g gapData
+					var g mcptest.Gap
 					if json.Unmarshal([]byte(ev.Data), &g); g.Reason != reason {
 						t.Fatalf("gap %q, want reason %s", ev.Data, reason)
 					}
@@ -227,7 +162,7 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Logf("want: %s", tc.want)
 			id := 100 + i
-			x := must(t)(c.call(id, tc.name, map[string]any{}, "t"))
+			x := must(t)(c.Call(ctx, id, tc.name, map[string]any{}, "t"))
 			tc.check(t, x, id)
 			noLeak(t, "the stream", x.body, "upstream-secret-1", "up_2", "raw-bg-call")
 		})
@@ -235,7 +170,7 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 	}
 
 	// The proxy keeps serving: a well-formed call in the same session.
-	x := must(t)(c.call(999, "count", map[string]any{"n": 3, "interval_ms": 1}, "after"))
+	x := must(t)(c.Call(ctx, 999, "count", map[string]any{"n": 3, "interval_ms": 1}, "after"))
 	if ids, err := checkIDs(x.events); err != nil || len(ids) != 4 {
 		t.Fatalf("a good call after the malformed ones: %v: %s", err, x)
 	}

@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -157,8 +158,8 @@ func resumesFromLog(t *testing.T, c *harness.Caddy) [2]float64 {
 		t.Fatal(err)
 	}
 	return [2]float64{
-		m[`caddy_mcp_resume_resumes_total{outcome="replayed"}`],
-		m[`caddy_mcp_resume_resumes_total{outcome="noop"}`],
+		m.Series[`caddy_mcp_resume_resumes_total{outcome="replayed"}`],
+		m.Series[`caddy_mcp_resume_resumes_total{outcome="noop"}`],
 	}
 }
 
@@ -179,7 +180,7 @@ func TestToolCallSurvivesConnectionCut(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			upstream := harness.StartDemo(t, demoserver.Options{})
-			c := harness.StartCaddy(t, harness.Site(upstream, ""))
+			c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
 			before := resumesFromLog(t, c)
 
 			var args []string
