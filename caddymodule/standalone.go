@@ -53,10 +53,7 @@ func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next c
 	}
 	res := t.attempt(t.standaloneRequest(r), out, start, false)
 	if !res.tapped && !answerNow {
-		rd.Close() // the upstream's answer went to the client
-		if res.status == http.StatusNotFound {
-			h.sessionGone(sess.ID(), res.status)
-		}
+		rd.Close() // the upstream's answer went to the client (a 404 ended the session)
 		return res.proxied
 	}
 	t.followStandalone(res)

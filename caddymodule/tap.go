@@ -80,9 +80,14 @@ func (t *upstreamTap) tie(sess buffer.Session) {
 	t.unlink = context.AfterFunc(sess.Context(), t.cancel)
 }
 
-// close releases what the tap holds; the producer role goes last, after the
-// first response's relay is done with the client.
+// close releases what the tap holds, then waits for the first response's
+// relay: releasing the producer role is what ends a caught-up relay of the
+// standalone stream (its client reconnects, which opens a new upstream GET).
 func (t *upstreamTap) close() {
+	if t.stream != nil {
+		t.stream.SetUpstreamCursor(t.lastID) // before the role goes: the next producer resumes from it
+		t.stream.ReleaseProducer()
+	}
 	if t.relayDone != nil {
 		<-t.relayDone
 	}
@@ -90,10 +95,6 @@ func (t *upstreamTap) close() {
 		t.unlink()
 	}
 	t.cancel()
-	if t.stream != nil {
-		t.stream.SetUpstreamCursor(t.lastID)
-		t.stream.ReleaseProducer()
-	}
 }
 
 // startRelay writes the client's response headers and pre, and relays the

@@ -9,8 +9,11 @@
 // resumable is the proxy's job.
 //
 // Tools:
-//   - count {n, interval_ms}: progress notifications on the call's own SSE
-//     stream, then the result.
+//   - count {n, interval_ms, close_after, retry_ms}: progress notifications on
+//     the call's own SSE stream, then the result. With an event store,
+//     close_after k closes the call's SSE stream after progress k
+//     (2025-11-25 SSE polling: the client must come back with
+//     Last-Event-ID), announcing retry_ms.
 //   - notify {n, interval_ms}: returns at once, then sends logging
 //     notifications on the session's standalone GET stream.
 //   - echo {text}: returns text.
@@ -48,6 +51,17 @@ type Options struct {
 	// the client itself used a loopback host; either rewrite Host to the
 	// upstream (header_up Host {upstream_hostport}) or set this.
 	DisableLocalhostProtection bool
+
+	// EventStore makes the server resumable itself: its SSE events carry IDs,
+	// a GET with Last-Event-ID replays what came after, and the count tool's
+	// close_after works. The server most users run has none.
+	EventStore bool
+
+	// CloseStandaloneAfter, if set, ends every standalone GET stream after
+	// that long, as servers that poll (or restart their connections) do.
+	// With EventStore, notifications sent meanwhile are kept for the next
+	// GET's Last-Event-ID.
+	CloseStandaloneAfter time.Duration
 }
 
 const (
@@ -87,14 +101,28 @@ func New(opts Options) http.Handler {
 	getServer := func(*http.Request) *mcp.Server {
 		return newServer(opts.ProgressInterval, logger, cache)
 	}
-	return mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
-		// No EventStore: this upstream is not resumable, on purpose.
-		EventStore: nil,
+	var store mcp.EventStore // none by default: this upstream is not resumable, on purpose
+	if opts.EventStore {
+		store = mcp.NewMemoryEventStore(nil)
+	}
+	h := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
+		EventStore: store,
 		// Answer calls with text/event-stream, not a single JSON body, so
 		// there is an SSE stream for the proxy to make resumable.
 		JSONResponse:               false,
 		Logger:                     logger,
 		DisableLocalhostProtection: opts.DisableLocalhostProtection,
+	})
+	if opts.CloseStandaloneAfter <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet {
+			ctx, cancel := context.WithTimeout(r.Context(), opts.CloseStandaloneAfter)
+			defer cancel()
+			r = r.WithContext(ctx)
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 
@@ -225,6 +253,8 @@ func (d *demo) intervalFor(ms *int) (time.Duration, error) {
 type countArgs struct {
 	N          int  `json:"n,omitempty" jsonschema:"number of steps; 0 or absent means 5; at most 10000"`
 	IntervalMS *int `json:"interval_ms,omitempty" jsonschema:"milliseconds before each step; overrides the server default; 0 means no pause"`
+	CloseAfter int  `json:"close_after,omitempty" jsonschema:"with an event store: close the call's SSE stream after this step (SSE polling)"`
+	RetryMS    int  `json:"retry_ms,omitempty" jsonschema:"the retry delay announced when closing the stream"`
 }
 
 type countResult struct {
@@ -261,6 +291,11 @@ func (d *demo) count(ctx context.Context, req *mcp.CallToolRequest, args countAr
 		})
 		if err != nil {
 			d.log.Debug("progress notification not delivered", "step", i, "err", err)
+		}
+		if i == args.CloseAfter {
+			if req.Extra != nil && req.Extra.CloseSSEStream != nil { // set with an event store, on 2025-11-25
+				req.Extra.CloseSSEStream(mcp.CloseSSEStreamArgs{RetryAfter: time.Duration(args.RetryMS) * time.Millisecond})
+			}
 		}
 	}
 	return &mcp.CallToolResult{
