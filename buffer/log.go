@@ -89,22 +89,27 @@ func decimalLen(v uint64) int {
 }
 
 // growth is how many bytes appending an event of n framed bytes adds to the
-// log's size: a new chunk, or a larger index for the last one.
-func (l *eventLog) growth(n int) int64 {
+// log's size: a new chunk, or a larger index for the last one. exact asks
+// for a new chunk of just the event's size (for signals, which bypass the
+// bounds and must take no more than they need).
+func (l *eventLog) growth(n int, exact bool) int64 {
 	if c := l.lastChunk(); c != nil && len(c.buf)+n <= cap(c.buf) {
 		if len(c.ends) < cap(c.ends) {
 			return 0
 		}
 		return int64(cap(c.ends)) * indexEntry // the index doubles
 	}
-	return int64(l.nextChunkCap(n)) + minIndex*indexEntry + chunkOverhead
+	return int64(l.nextChunkCap(n, exact)) + minIndex*indexEntry + chunkOverhead
 }
 
 // nextChunkCap sizes a new chunk: about a quarter of what the log holds, as
 // a power of two between minChunk and maxChunk, so a busy stream gets few
 // large chunks and a quiet one small chunks, wasting little either way; an
 // event larger than that gets a chunk of exactly its size.
-func (l *eventLog) nextChunkCap(n int) int {
+func (l *eventLog) nextChunkCap(n int, exact bool) int {
+	if exact {
+		return n
+	}
 	if l.fixedChunk > 0 {
 		return max(l.fixedChunk, n)
 	}
@@ -121,12 +126,12 @@ func (l *eventLog) lastChunk() *chunk {
 }
 
 // append frames fields as event head+1 and returns its seq. The caller has
-// reserved growth(framedLen(len(fields))) bytes.
-func (l *eventLog) append(fields []byte) uint64 {
+// reserved growth(framedLen(len(fields)), exact) bytes.
+func (l *eventLog) append(fields []byte, exact bool) uint64 {
 	n := l.framedLen(len(fields))
 	c := l.lastChunk()
 	if c == nil || len(c.buf)+n > cap(c.buf) {
-		c = &chunk{first: l.head + 1, buf: make([]byte, 0, l.nextChunkCap(n)), ends: make([]uint32, 0, minIndex)}
+		c = &chunk{first: l.head + 1, buf: make([]byte, 0, l.nextChunkCap(n, exact)), ends: make([]uint32, 0, minIndex)}
 		l.chunks = append(l.chunks, c)
 		l.size += c.capacity()
 	} else if len(c.ends) == cap(c.ends) {

@@ -16,8 +16,8 @@ func logOf(t *testing.T, n, size int) *eventLog {
 	for i := 1; i <= n; i++ {
 		f := fields(payload(uint64(i), size))
 		before := l.size
-		grow := l.growth(l.framedLen(len(f)))
-		if seq := l.append(f); seq != uint64(i) {
+		grow := l.growth(l.framedLen(len(f)), false)
+		if seq := l.append(f, false); seq != uint64(i) {
 			t.Fatalf("append %d gave seq %d", i, seq)
 		}
 		if l.size-before != grow {
@@ -72,7 +72,7 @@ func TestLogRead(t *testing.T) {
 		wantBytes int
 	}{
 		{1, 500, 1 << 30, 500, -1},
-		{1, 500, 1, 1, -1},             // less than one event: still one
+		{1, 500, 1, 1, -1}, // less than one event: still one
 		{100, 500, 3 * one, 102, 3 * one},
 		{100, 100, 1 << 30, 100, one},
 		{499, 500, 1 << 30, 500, -1},
@@ -118,7 +118,7 @@ func TestLogEvict(t *testing.T) {
 	if l.size != 0 || len(l.chunks) != 0 || l.live != 0 || l.floor != 1001 {
 		t.Fatalf("after evicting all: size %d chunks %d live %d floor %d", l.size, len(l.chunks), l.live, l.floor)
 	}
-	l.append(fields([]byte("x")))
+	l.append(fields([]byte("x")), false)
 	if l.head != 1001 || l.floor != 1001 {
 		t.Fatalf("append after emptying: head %d floor %d", l.head, l.floor)
 	}

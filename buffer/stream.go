@@ -104,11 +104,13 @@ func (s *memStream) viewLocked() policy.StreamView {
 }
 
 // progressSince is when the stall of an append blocked since blockedAt
-// counts from: the client's last delivery if later, or now while the client
-// has every event retained (it is keeping up; the window holds the room).
+// counts from: the client's last delivery if later, or now while a client
+// reads the stream and has every event retained (it is keeping up; the
+// window holds the room). A client that left is not keeping up, whatever
+// it was sent before.
 func (s *memStream) progressSince(blockedAt, now time.Time) time.Time {
 	s.mu.Lock()
-	caughtUp := s.delivered >= s.log.head
+	caughtUp := s.reader != nil && s.delivered >= s.log.head
 	s.mu.Unlock()
 	if caughtUp {
 		return now
@@ -129,9 +131,9 @@ func (s *memStream) Append(ctx context.Context, fields []byte, answers []string)
 			st.budget.release(s, reserved)
 			return 0, ErrStreamEnded
 		}
-		need := s.log.growth(s.log.framedLen(len(fields)))
+		need := s.log.growth(s.log.framedLen(len(fields)), false)
 		if need <= reserved {
-			seq := s.appendLocked(fields, answers)
+			seq := s.appendLocked(fields, answers, false)
 			s.mu.Unlock()
 			st.budget.release(s, reserved-need)
 			st.counters.EventsEnqueued.Add(1)
@@ -149,8 +151,8 @@ func (s *memStream) Append(ctx context.Context, fields []byte, answers []string)
 }
 
 // appendLocked writes an event whose bytes are accounted for.
-func (s *memStream) appendLocked(fields []byte, answers []string) uint64 {
-	seq := s.log.append(fields)
+func (s *memStream) appendLocked(fields []byte, answers []string, exact bool) uint64 {
+	seq := s.log.append(fields, exact)
 	for _, id := range answers {
 		for i := range s.requests {
 			if s.requests[i].ID == id && s.requests[i].AnsweredAt == 0 {
@@ -176,9 +178,11 @@ func (s *memStream) Fail(reason policy.Reason, signals ...Signal) {
 		return
 	}
 	for _, sig := range signals {
-		n := s.log.growth(s.log.framedLen(len(sig.Fields)))
+		// Signals bypass the bounds, so they take no more than their size: a
+		// chunk of exactly their length when the current one is full.
+		n := s.log.growth(s.log.framedLen(len(sig.Fields)), true)
 		st.budget.take(s, n)
-		s.appendLocked(sig.Fields, sig.Answers)
+		s.appendLocked(sig.Fields, sig.Answers, true)
 		st.counters.EventsEnqueued.Add(1)
 	}
 	s.mu.Unlock()
@@ -214,6 +218,9 @@ func (s *memStream) end(reason policy.Reason) {
 	if s.kind == policy.StandaloneStream && s.state == policy.Live {
 		s.state, s.failReason = policy.Failed, reason
 		close(s.done)
+		if s.opened.Load() { // a stream in use ends with its session, as a request stream does
+			s.sess.store.counters.addFailed(reason)
+		}
 	}
 	n := s.log.head - s.log.floor + 1
 	freed := s.log.release()

@@ -26,7 +26,7 @@ var (
 	resumes = newCounterVec("resumes_total",
 		"Resumes (GET with Last-Event-ID) by outcome: replayed, noop, gap, rejected, adopted, ended, pass_through.", "outcome")
 	gaps = newCounterVec("gaps_total",
-		"Gap signals sent to resuming clients, by reason.", "reason")
+		"Gap signals, by reason: resumes that met a gap, and streams that failed (their signal is in the log).", "reason")
 	limitsHit = newCounterVec("limit_rejections_total",
 		"Requests refused, passed through or streams failed because a configured limit was reached, by limit.", "limit")
 	upstreamReconnects = newCounterVec("upstream_reconnects_total",

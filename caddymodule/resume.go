@@ -128,7 +128,7 @@ func (h *Handler) serveResume(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	moved := eventid.Append(nil, epoch, num, at)
 	g := gapInfo{LastEventID: lastID, Lost: d.Lost, Reason: d.Reason}
-	if d.Then == policy.ThenReplay {
+	if stream != nil {
 		g.ResumeFrom = string(eventid.Append(nil, epoch, num, d.From))
 	}
 	pre := gapPreamble(moved, g, d.LostIDs, d.Then == policy.ThenReplay)

@@ -273,6 +273,7 @@ func (t *upstreamTap) fail(reason policy.Reason) {
 		return
 	}
 	head := eventid.Append(nil, t.sess.Epoch(), t.stream.Num(), t.stream.View().Head)
+	gaps.WithLabelValues(string(reason)).Inc()
 	t.stream.Fail(reason, failureSignals(reason, string(head), t.pending)...)
 }
 
@@ -534,10 +535,10 @@ func isEventStreamType(h http.Header) bool {
 // tapped: nowhere (the client's response is the relay's).
 type discardWriter struct{ h http.Header }
 
-func discard() *discardWriter                      { return &discardWriter{h: http.Header{}} }
-func (d *discardWriter) Header() http.Header       { return d.h }
+func discard() *discardWriter                        { return &discardWriter{h: http.Header{}} }
+func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discardWriter) WriteHeader(int)           {}
+func (d *discardWriter) WriteHeader(int)             {}
 
 // statusWriter passes a response through and reports its status.
 type statusWriter struct {

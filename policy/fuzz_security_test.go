@@ -43,25 +43,25 @@ func FuzzDecideResume(f *testing.F) {
 	}
 	const e = "k3j9x2qa"
 	for _, s := range []seed{
-		{true, true, false, true, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},            // replay
-		{true, true, false, true, e, 5, true, true, e, 3, 10, true, 0, 0, 5, 10, 0, "", false},           // noop at head
-		{true, true, false, true, e, 5, true, true, e, 3, 10, true, 0, 1, 5, 10, 10, "", false},          // ended
-		{true, true, false, true, e, 5, true, true, e, 3, 2, true, 0, 1, 5, 10, 8, "", false},            // gap, response retained
-		{true, true, false, true, e, 5, true, true, e, 3, 2, true, 0, 2, 5, 10, 3, "", false},            // gap, response lost
-		{true, true, false, true, e, 5, true, true, e, 0, 0, true, 1, 0, 4, 9, 0, "", false},             // gap, standalone
-		{true, true, false, true, e, 5, true, true, e, 3, 11, true, 0, 0, 5, 10, 0, "", false},           // ahead of head
-		{true, true, false, false, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},           // credentials differ
-		{true, true, false, true, e, 5, true, false, "aaaaaaaa", 3, 7, true, 0, 0, 5, 10, 0, "", false},  // foreign epoch
+		{true, true, false, true, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},               // replay
+		{true, true, false, true, e, 5, true, true, e, 3, 10, true, 0, 0, 5, 10, 0, "", false},              // noop at head
+		{true, true, false, true, e, 5, true, true, e, 3, 10, true, 0, 1, 5, 10, 10, "", false},             // ended
+		{true, true, false, true, e, 5, true, true, e, 3, 2, true, 0, 1, 5, 10, 8, "", false},               // gap, response retained
+		{true, true, false, true, e, 5, true, true, e, 3, 2, true, 0, 2, 5, 10, 3, "", false},               // gap, response lost
+		{true, true, false, true, e, 5, true, true, e, 0, 0, true, 1, 0, 4, 9, 0, "", false},                // gap, standalone
+		{true, true, false, true, e, 5, true, true, e, 3, 11, true, 0, 0, 5, 10, 0, "", false},              // ahead of head
+		{true, true, false, false, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},              // credentials differ
+		{true, true, false, true, e, 5, true, false, "aaaaaaaa", 3, 7, true, 0, 0, 5, 10, 0, "", false},     // foreign epoch
 		{true, true, false, true, e, 5, true, true, "vq2xa7ab", 3, 7, false, 0, 0, 0, 0, 0, "purged", true}, // earlier epoch
-		{true, true, false, true, e, 5, true, true, e, 2, 1, false, 0, 0, 0, 0, 0, "", false},            // retired stream
-		{true, true, false, true, e, 5, true, true, e, 9, 1, false, 0, 0, 0, 0, 0, "", false},            // no such stream
-		{true, true, false, true, e, 5, false, false, "", 0, 0, true, 0, 0, 5, 10, 0, "", false},         // malformed
-		{true, false, true, false, "", 0, true, true, e, 0, 7, false, 0, 0, 0, 0, 0, "expired", false},   // tombstone, other creds
-		{true, false, true, true, "", 0, true, true, e, 0, 7, false, 0, 0, 0, 0, 0, "deleted", false},    // tombstone adopt
-		{true, false, true, true, "", 0, true, true, e, 3, 7, false, 0, 0, 0, 9, 8, "purged", true},      // tombstone, request stream
-		{true, false, false, true, "", 0, true, true, e, 3, 7, false, 0, 0, 0, 0, 0, "", false},          // proxy restarted: hold
-		{true, false, false, true, "", 0, true, false, e, 0, 7, false, 0, 0, 0, 0, 0, "", false},         // made-up epoch: pass through
-		{false, true, false, true, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},           // no session header
+		{true, true, false, true, e, 5, true, true, e, 2, 1, false, 0, 0, 0, 0, 0, "", false},               // retired stream
+		{true, true, false, true, e, 5, true, true, e, 9, 1, false, 0, 0, 0, 0, 0, "", false},               // no such stream
+		{true, true, false, true, e, 5, false, false, "", 0, 0, true, 0, 0, 5, 10, 0, "", false},            // malformed
+		{true, false, true, false, "", 0, true, true, e, 0, 7, false, 0, 0, 0, 0, 0, "expired", false},      // tombstone, other creds
+		{true, false, true, true, "", 0, true, true, e, 0, 7, false, 0, 0, 0, 0, 0, "deleted", false},       // tombstone adopt
+		{true, false, true, true, "", 0, true, true, e, 3, 7, false, 0, 0, 0, 9, 8, "purged", true},         // tombstone, request stream
+		{true, false, false, true, "", 0, true, true, e, 3, 7, false, 0, 0, 0, 0, 0, "", false},             // proxy restarted: hold
+		{true, false, false, true, "", 0, true, false, e, 0, 7, false, 0, 0, 0, 0, 0, "", false},            // made-up epoch: pass through
+		{false, true, false, true, e, 5, true, true, e, 3, 7, true, 0, 0, 5, 10, 0, "", false},              // no session header
 		{true, true, false, true, e, 5, true, true, e, 3, math.MaxUint64 - 1, true, 0, 0, 1, math.MaxUint64 - 1, 0, "", false},
 		{true, true, false, true, e, 5, true, true, e, 3, 0, true, 0, 1, math.MaxUint64 - 1, math.MaxUint64 - 2, 0, "", false},
 		{true, true, false, true, "", 0, true, true, "", 0, 0, true, 200, 200, 0, 0, 0, "", false}, // empty epochs, odd enums

@@ -94,7 +94,7 @@ type Resume struct {
 	Kind   ResumeKind
 	Status int    // for Reject
 	Detail string // for Reject: what was wrong, for the error body and logs
-	From   uint64 // first seq to send, for Noop, Replay and Gap
+	From   uint64 // first seq to send, for Noop, Replay and Gap; the gap event's ID names From-1
 	Reason Reason // for Gap and Adopt
 	Lost   int64  // for Gap: events between the cursor and the floor; -1 when unknown
 	// LostIDs are the requests whose answers are gone: each gets a JSON-RPC
@@ -176,14 +176,18 @@ func DecideResume(in ResumeInput) Resume {
 
 // pastRequestGap answers a cursor on a request stream of an incarnation that
 // ended here. Every request the client has no answer for gets an error, and
-// the gap moves the client's cursor past the stream's end (From-1), so a
-// client that reconnects anyway next gets Ended. If the proxy remembers
-// nothing of the stream it cannot name the requests, and holds the response
-// open instead of ending it, which would only make the client reconnect.
+// the gap moves the client's cursor to Head+1, past the stream's end and the
+// errors, so a client that reconnects anyway (the TypeScript SDK 1.x does
+// after an error response) next gets Ended. If the proxy remembers nothing
+// of the stream it cannot name the requests, and holds the response open
+// instead of ending it, which would only make the client reconnect.
 func pastRequestGap(past *PastView, reason Reason, seq uint64) Resume {
 	g := Resume{Kind: Gap, Reason: reason, Lost: -1, Then: ThenHold}
 	if past == nil || past.Stream == nil {
 		return g
+	}
+	if seq > past.Stream.Head {
+		return Resume{Kind: Ended} // the client has this answer already
 	}
 	for _, r := range past.Stream.Requests {
 		if r.AnsweredAt == 0 || r.AnsweredAt > seq {
@@ -193,7 +197,7 @@ func pastRequestGap(past *PastView, reason Reason, seq uint64) Resume {
 	if len(g.LostIDs) == 0 {
 		return Resume{Kind: Ended} // the client has every answer
 	}
-	g.Then, g.From = ThenEnd, max(past.Stream.Head, seq)+1
+	g.Then, g.From = ThenEnd, past.Stream.Head+2
 	return g
 }
 

@@ -62,10 +62,13 @@ func TestDecideResume(t *testing.T) {
 			Resume{Kind: Gap, Reason: ReasonProxyRestarted, Lost: -1, Then: ThenHold}},
 		{"remembered purged, request stream pending: errors, cursor moved past its end", hdr(ResumeInput{Cursor: cursor(7),
 			Past: &PastView{Reason: ReasonPurged, Stream: stream(RequestStream, Live, 1, 9, req("1", 0), req("2", 6))}}),
-			Resume{Kind: Gap, Reason: ReasonPurged, Lost: -1, LostIDs: []string{"1"}, From: 10, Then: ThenEnd}},
+			Resume{Kind: Gap, Reason: ReasonPurged, Lost: -1, LostIDs: []string{"1"}, From: 11, Then: ThenEnd}},
+		{"remembered, cursor past the stream's end: it had the errors", hdr(ResumeInput{Cursor: cursor(10),
+			Past: &PastView{Reason: ReasonPurged, Stream: stream(RequestStream, Live, 1, 9, req("1", 0))}}),
+			Resume{Kind: Ended}},
 		{"remembered, request answered after the cursor: its answer is gone too", hdr(ResumeInput{Cursor: cursor(4),
 			Past: &PastView{Reason: ReasonExpired, Stream: stream(RequestStream, Complete, 1, 6, req("1", 6))}}),
-			Resume{Kind: Gap, Reason: ReasonExpired, Lost: -1, LostIDs: []string{"1"}, From: 7, Then: ThenEnd}},
+			Resume{Kind: Gap, Reason: ReasonExpired, Lost: -1, LostIDs: []string{"1"}, From: 8, Then: ThenEnd}},
 		{"remembered, every answer before the cursor: ended", hdr(ResumeInput{Cursor: cursor(6),
 			Past: &PastView{Reason: ReasonExpired, Stream: stream(RequestStream, Complete, 1, 6, req("1", 6))}}),
 			Resume{Kind: Ended}},
@@ -94,7 +97,7 @@ func TestDecideResume(t *testing.T) {
 			Resume{Kind: Gap, Reason: ReasonPurged, Lost: -1, From: 3, Then: ThenReplay}},
 		{"earlier epoch, request stream remembered", hdr(ResumeInput{Cursor: on(cursor(2), 2, oldEpoch), Session: known(),
 			Past: &PastView{Reason: ReasonPurged, Stream: stream(RequestStream, Live, 1, 3, req("5", 0))}}),
-			Resume{Kind: Gap, Reason: ReasonPurged, Lost: -1, LostIDs: []string{"5"}, From: 4, Then: ThenEnd}},
+			Resume{Kind: Gap, Reason: ReasonPurged, Lost: -1, LostIDs: []string{"5"}, From: 5, Then: ThenEnd}},
 		{"earlier epoch, request stream, nothing remembered", hdr(ResumeInput{Cursor: on(cursor(2), 2, oldEpoch), Session: known()}),
 			Resume{Kind: Gap, Reason: ReasonProxyRestarted, Lost: -1, Then: ThenHold}},
 
@@ -278,6 +281,23 @@ func TestEndedStreamsNeverLoop(t *testing.T) {
 					t.Fatalf("stream %+v seq %d: %+v", *st, seq, d)
 				}
 			}
+		}
+	}
+}
+
+// The same for a stream of an earlier incarnation: the gap leaves the client
+// past the stream's end, so its next reconnect gets Ended.
+func TestPastStreamsNeverLoop(t *testing.T) {
+	past := &PastView{Reason: ReasonExpired, Stream: stream(RequestStream, Live, 1, 5, req("1", 0), req("2", 3))}
+	for seq := uint64(0); seq <= 5; seq++ {
+		c := on(cursor(seq), 3, oldEpoch)
+		d := DecideResume(ResumeInput{SessionHeader: true, Session: known(), Cursor: c, Past: past})
+		if d.Kind != Gap || d.Then != ThenEnd || len(d.LostIDs) == 0 {
+			t.Fatalf("seq %d: %+v", seq, d)
+		}
+		c.Seq = d.From - 1 // the gap event's id
+		if d2 := DecideResume(ResumeInput{SessionHeader: true, Session: known(), Cursor: c, Past: past}); d2.Kind != Ended {
+			t.Fatalf("seq %d: after the gap got %+v, want Ended", seq, d2)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -40,9 +41,10 @@ func TestDeletePurgesTheSession(t *testing.T) {
 }
 
 // A session with no client for session_idle_timeout expires at the proxy:
-// its detached upstream read ends with it, and a late resume gets a gap
-// with reason "expired" (the upstream still knows the session, so the proxy
-// takes it over again) instead of silence or a 400.
+// its detached upstream read ends with it, and a late resume of the call's
+// stream gets a gap with reason "expired" and, since the call's answer is
+// lost with it, a JSON-RPC error for the call (-32010), instead of silence,
+// a 400, or another stream's events.
 func TestIdleSessionExpiresWithAGap(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "session_idle_timeout 1s")
 	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
@@ -56,7 +58,16 @@ func TestIdleSessionExpiresWithAGap(t *testing.T) {
 	if evs[0].Type != "gap" || json.Unmarshal([]byte(evs[0].Data), &g) != nil || g.Reason != "expired" {
 		t.Fatalf("want a gap with reason expired, got %+v", evs)
 	}
-	if !strings.Contains(evs[1].Data, "warning") {
-		t.Fatalf("want the warning standard clients see, got %+v", evs[1])
+	if !strings.Contains(evs[1].Data, `"id":1,"error":{"code":-32010`) || !strings.Contains(evs[1].Data, "expired") {
+		t.Fatalf("want the JSON-RPC error for call 1 standard clients see, got %+v", evs[1])
+	}
+	if rest, err := mcptest.ReadEvents(resp.Body, 0, 5*time.Second); err != nil || len(rest) != 0 {
+		t.Fatalf("after the error the stream must end: %+v %v", rest, err)
+	}
+	// A resume from the gap's id gets 204: nothing more will come.
+	again := rc.Resume(evs[0].ID)
+	again.Body.Close()
+	if again.StatusCode != http.StatusNoContent {
+		t.Fatalf("resume after the gap: %d, want 204", again.StatusCode)
 	}
 }

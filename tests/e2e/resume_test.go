@@ -97,17 +97,28 @@ func TestResumeDecisions(t *testing.T) {
 	})
 
 	t.Run("at head replays nothing", func(t *testing.T) {
-		resp := rc.Call(2, "count", map[string]any{"n": 1, "interval_ms": 1})
-		evs := harness.ReadEvents(t, resp, 0)
-		resp.Body.Close()
-		head := evs[len(evs)-1].ID
-		resp = rc.Resume(head)
-		defer resp.Body.Close()
+		// A live stream: 200, nothing replayed, then what comes next.
+		live := rc.Call(8, "count", map[string]any{"n": 3, "interval_ms": 300})
+		evs := harness.ReadEvents(t, live, 1)
+		live.Body.Close()
+		resp := rc.Resume(evs[0].ID)
 		if resp.StatusCode != 200 {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
-		if evs := harness.ReadEvents(t, resp, 0); len(evs) != 0 {
-			t.Fatalf("resume at head replayed %+v", evs)
+		next := harness.ReadEvents(t, resp, 1)
+		resp.Body.Close()
+		if mustParse(t, next[0].ID).Seq != mustParse(t, evs[0].ID).Seq+1 {
+			t.Fatalf("resume at head of a live stream replayed %+v", next)
+		}
+		// An ended stream: 204, nothing more will come (SSE clients stop
+		// reconnecting, where an empty 200 made them ask again forever).
+		resp = rc.Call(2, "count", map[string]any{"n": 1, "interval_ms": 1})
+		evs = harness.ReadEvents(t, resp, 0)
+		resp.Body.Close()
+		resp = rc.Resume(evs[len(evs)-1].ID)
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Fatalf("resume at head of a complete stream: %d, want 204", resp.StatusCode)
 		}
 	})
 
@@ -234,20 +245,39 @@ func assertJSONRPCError(t *testing.T, resp *http.Response, status int) {
 	}
 }
 
-// A session the proxy does not know, resumed with an ID in the proxy's
-// format (e.g. after a proxy restart), gets an explicit gap, not silence.
+// A session the proxy does not know, resumed with an ID the proxy minted
+// for it (after a proxy restart), gets an explicit gap, not silence: on its
+// standalone stream the proxy takes the session over (new epoch, a warning,
+// then live); on a call's stream, whose requests it can no longer name, it
+// signals the gap and holds the response open instead of ending it (which
+// would only make the client ask again) or mixing in another stream.
 func TestResumeAfterProxyRestartIsAGap(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
-	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
+	rc := harness.NewRawClient(t, c.Base(), "2025-11-25")
 	rc.Initialize()
-	ids := startCut(t, rc, 1, 3, 1, 10)
+	get := rc.Request("GET", "", nil)
+	standaloneID := harness.ReadEvents(t, get, 1)[0].ID // its priming event
+	get.Body.Close()
+	ids := startCut(t, rc, 1, 3, 2, 10) // priming, then one progress event
 	// Restart: stop Caddy (the store goes with it), start it again.
 	harness.StopCaddy(t)
 	c.Load(t, mcptest.ResumeRoute(upstream, ""))
-	resp := rc.Resume(ids[0])
+	rc.Reconnect()
+
+	call := rc.Resume(ids[1])
+	defer call.Body.Close()
+	evs := harness.ReadEvents(t, call, 1)
+	if evs[0].Type != "gap" || !strings.Contains(evs[0].Data, `"reason":"proxy_restarted"`) {
+		t.Fatalf("call stream: want a proxy_restarted gap, got %+v", evs)
+	}
+	if rest, err := mcptest.ReadEvents(call.Body, 1, 500*time.Millisecond); err == nil || len(rest) != 0 {
+		t.Fatalf("call stream after the gap: %+v %v; want it held open, with nothing else", rest, err)
+	}
+
+	resp := rc.Resume(standaloneID)
 	defer resp.Body.Close()
-	evs := harness.ReadEvents(t, resp, 2)
+	evs = harness.ReadEvents(t, resp, 2)
 	if evs[0].Type != "gap" || !strings.Contains(evs[0].Data, `"reason":"proxy_restarted"`) {
 		t.Fatalf("want a proxy_restarted gap, got %+v", evs)
 	}

@@ -30,11 +30,11 @@ func TestAdminAPI(t *testing.T) {
 	}
 	prime := harness.ReadEvents(t, get, 1)
 	epochA := epochOf(t, prime[0].ID)
-	wantIDs(t, prime, epochA, 1, 0)
-	wantIDs(t, a.CallToEnd(1, "echo", map[string]any{"text": secret}), epochA, 2, 0, 1)
-	wantIDs(t, a.CallToEnd(2, "notify", map[string]any{"n": 2, "interval_ms": 10}), epochA, 3, 0, 1)
+	wantIDs(t, prime, epochA, 0, 0) // stream 0: the session's standalone stream
+	wantIDs(t, a.CallToEnd(1, "echo", map[string]any{"text": secret}), epochA, 1, 0, 1)
+	wantIDs(t, a.CallToEnd(2, "notify", map[string]any{"n": 2, "interval_ms": 10}), epochA, 2, 0, 1)
 	notices := harness.ReadEvents(t, get, 2)
-	wantIDs(t, notices, epochA, 1, 1, 2)
+	wantIDs(t, notices, epochA, 0, 1, 2)
 
 	// Session B: one finished request stream.
 	b := harness.NewRawClient(t, c.Base(), "2025-06-18")
@@ -68,12 +68,12 @@ func TestAdminAPI(t *testing.T) {
 	if sum != sa.RetainedBytes {
 		t.Errorf("session A retains %d bytes, its streams %d", sa.RetainedBytes, sum)
 	}
-	standalone := sa.stream(t, 1)
+	standalone := sa.stream(t, 0)
 	if standalone.Kind != "standalone" || standalone.State != "live" || !standalone.Connected || !standalone.Producing ||
 		standalone.Floor != 1 || standalone.Head != 2 || standalone.RetainedBytes <= 0 || standalone.Stalled {
 		t.Errorf("standalone stream: %+v", standalone)
 	}
-	echo := sa.stream(t, 2)
+	echo := sa.stream(t, 1)
 	if echo.Kind != "request" || echo.State != "complete" || echo.Connected || echo.Producing ||
 		echo.Floor != 1 || echo.Head != 1 || echo.RetainedBytes <= 0 || strings.Join(echo.RequestIDs, ",") != "1" {
 		t.Errorf("echo stream: %+v", echo)
@@ -108,9 +108,11 @@ func TestAdminAPI(t *testing.T) {
 		t.Errorf("POST /mcp_resume/sessions: %d %s, want 405", status, raw)
 	}
 
-	// Purge B. Its next resume (a Last-Event-ID of its stream) is re-adopted,
-	// since the upstream still knows the session: a gap "purged", then a
-	// warning the client's SDK surfaces, then the standalone stream live.
+	// Purge B. A resume of its call's stream gets a gap "purged" and, its
+	// answer being gone with the logs, a JSON-RPC error for the call. A
+	// resume of its standalone stream re-adopts the session, since the
+	// upstream still knows it: a gap "purged", then a warning the client's
+	// SDK surfaces, then the standalone stream live.
 	m0 := scrapeBoth(t, c)
 	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+b.SessionID); status != http.StatusNoContent {
 		t.Fatalf("purge: %d %s, want 204", status, raw)
@@ -121,8 +123,19 @@ func TestAdminAPI(t *testing.T) {
 	if l := adminSessions(t, c); len(l) != 1 || l[0].ID != a.SessionID {
 		t.Errorf("after the purge the list is %+v", l)
 	}
-	lastID := eid(epochB, 1, 2)
-	resp := b.Resume(lastID)
+	callCursor := eid(epochB, 1, 2)
+	resp := b.Resume(callCursor)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("resume of the call after purge: %d", resp.StatusCode)
+	}
+	evs = harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	if len(evs) != 2 || evs[0].Type != "gap" || !strings.Contains(evs[0].Data, `"reason":"purged"`) ||
+		!strings.Contains(evs[1].Data, `"id":1,"error":{"code":-32010`) {
+		t.Fatalf("resume of the call after purge: %+v, want a gap and an error for call 1", evs)
+	}
+	lastID := eid(epochB, 0, 0)
+	resp = b.Resume(lastID)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("resume after purge: %d %q, want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
@@ -166,7 +179,8 @@ func TestAdminAPI(t *testing.T) {
 	}
 	m1 := scrapeBoth(t, c)
 	expectDelta(t, m0, m1, 1, "resumes_total", "outcome", "adopted")
-	expectDelta(t, m0, m1, 1, "gaps_total", "reason", "purged")
+	expectDelta(t, m0, m1, 1, "resumes_total", "outcome", "gap")
+	expectDelta(t, m0, m1, 2, "gaps_total", "reason", "purged")
 
 	// Purge A while its standalone stream is connected: the client's stream ends.
 	if status, raw := adminDo(t, c, "DELETE", "/mcp_resume/sessions/"+a.SessionID); status != http.StatusNoContent {

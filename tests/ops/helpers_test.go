@@ -176,9 +176,11 @@ func adminDo(t *testing.T, c *harness.Caddy, method, path string) (int, []byte) 
 // sessionInfo mirrors the admin API's JSON (buffer.SessionInfo); decoding is
 // strict so a renamed or added field shows up here and in README.md.
 type sessionInfo struct {
+	Zone             string       `json:"zone"`
 	ID               string       `json:"id"`
 	Epoch            string       `json:"epoch"`
 	ProtocolVersion  string       `json:"protocol_version"`
+	Origin           string       `json:"origin"`
 	Created          time.Time    `json:"created"`
 	LastActivity     time.Time    `json:"last_activity"`
 	ConnectedClients int          `json:"connected_clients"`

@@ -60,21 +60,17 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 	wantIDs(t, harness.ReadEvents(t, resp, 0), epoch, 1, 2, 3, 4)
 	resp.Body.Close()
 
-	// At head: nothing to replay; the stream is complete, so it ends.
+	// At head: nothing to replay; the stream is complete, so 204 says
+	// nothing more will come (SSE clients stop reconnecting).
 	resp = cl.Resume(eid(epoch, 1, 4))
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("resume at head: %d", resp.StatusCode)
-	}
-	if evs := harness.ReadEvents(t, resp, 0); len(evs) != 0 {
-		t.Errorf("resume at head replayed %+v", evs)
+	if resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("resume at head of a complete stream: %d, want 204", resp.StatusCode)
 	}
 	resp.Body.Close()
 
-	// Refused: ahead of head, and an ID of another session.
-	other := eventid.NewEpoch()
-	for other == epoch {
-		other = eventid.NewEpoch()
-	}
+	// Refused: ahead of head, and an ID whose epoch was not minted for
+	// this session.
+	other := eventid.NewEpoch([]byte("another proxy's secret"), cl.SessionID)
 	for _, id := range []string{eid(epoch, 1, 9), eid(other, 1, 1)} {
 		resp = cl.Resume(id)
 		body, _ := io.ReadAll(resp.Body)
@@ -86,7 +82,7 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 
 	m3 := scrapeBoth(t, c)
 	expectDelta(t, m2, m3, 1, "resumes_total", "outcome", "replayed")
-	expectDelta(t, m2, m3, 1, "resumes_total", "outcome", "noop")
+	expectDelta(t, m2, m3, 1, "resumes_total", "outcome", "ended")
 	expectDelta(t, m2, m3, 2, "resumes_total", "outcome", "rejected")
 	expectDelta(t, m2, m3, 0, "resumes_total", "outcome", "gap")
 	expectDelta(t, m2, m3, 0, "gaps_total", "reason", "evicted")
@@ -212,15 +208,16 @@ func TestMetricsSurviveReload(t *testing.T) {
 			t.Errorf("reload %q: admin lists %+v, want the session with epoch %s", rl.name, s, epoch)
 		}
 
-		// Still counting: a resume at head and a new call.
+		// Still counting: a resume at the head of the complete stream (204)
+		// and a new call.
 		resp := cl.Resume(eid(epoch, 1, 3))
-		if evs := harness.ReadEvents(t, resp, 0); resp.StatusCode != http.StatusOK || len(evs) != 0 {
-			t.Errorf("reload %q: resume at head: %d %+v", rl.name, resp.StatusCode, evs)
-		}
 		resp.Body.Close()
+		if resp.StatusCode != http.StatusNoContent {
+			t.Errorf("reload %q: resume at head: %d", rl.name, resp.StatusCode)
+		}
 		cl.CallToEnd(2+i, "count", map[string]any{"n": 1, "interval_ms": 0})
 		now := scrapeBoth(t, c)
-		expectDelta(t, after, now, 1, "resumes_total", "outcome", "noop")
+		expectDelta(t, after, now, 1, "resumes_total", "outcome", "ended")
 		expectDelta(t, after, now, 2, "events_enqueued_total")
 		before = now
 	}

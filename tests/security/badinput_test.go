@@ -209,10 +209,10 @@ func badInputRows(ctx context.Context) []badInput {
 		},
 		{
 			name: "Last-Event-ID CRLF injection of SSE fields",
-			want: "the CRLF ends the header: a resume at head (200, no events); the injected lines are mere headers and never reach the stream",
+			want: "the CRLF ends the header: a resume at the head of a complete stream (204, nothing); the injected lines are mere headers and never reach a stream",
 			send: raw(false, func(e *badEnv) []string {
 				return []string{"Last-Event-ID: " + e.id(e.stream, e.head), "id: evil-1-1", "event: gap", "data: {\"injected\":true}"}
-			}), status: 200,
+			}), status: 204,
 			check: func(t *testing.T, e *badEnv, x exchange) {
 				noLeak(t, "the stream", x.body, "evil", "injected")
 				if len(x.events) != 0 {
@@ -344,15 +344,21 @@ func badInputRows(ctx context.Context) []badInput {
 			status: 413, rpcErr: true,
 		},
 		{
-			name: "upstream event larger than max_event_bytes", want: "200, then event: gap (reason too_large) and a JSON-RPC error for id 401; a resume of that stream repeats the failure",
+			name: "upstream event larger than max_event_bytes", want: "200, then event: gap (reason too_large) and a JSON-RPC error for id 401, both in the log: a resume from before the gap gets them again, a resume from the end gets 204",
 			send: post(`{"jsonrpc":"2.0","id":401,"method":"tools/call","params":{"name":"big","arguments":{"bytes":100000}}}`, nil), status: 200,
 			check: func(t *testing.T, e *badEnv, x exchange) {
 				gapID := checkTooLarge(t, x, "401")
-				r := must(t)(e.main.Resume(ctx, gapID))
+				before := mustParseID(t, gapID)
+				before.Seq--
+				r := must(t)(e.main.Resume(ctx, before.String()))
 				if r.status != 200 {
-					t.Fatalf("resume of the failed stream at %s: %s", gapID, r)
+					t.Fatalf("resume of the failed stream before its gap %s: %s", gapID, r)
 				}
 				checkTooLarge(t, r, "401")
+				end := must(t)(e.main.Resume(ctx, r.events[len(r.events)-1].ID))
+				if end.status != http.StatusNoContent {
+					t.Fatalf("resume at the end of the failed stream: %s, want 204", end)
+				}
 			},
 		},
 		{
@@ -417,6 +423,15 @@ func badInputRows(ctx context.Context) []badInput {
 		},
 	}
 	return rows
+}
+
+func mustParseID(t *testing.T, id string) eventid.ID {
+	t.Helper()
+	p, err := eventid.Parse(id)
+	if err != nil {
+		t.Fatalf("not a proxy event id %q: %v", id, err)
+	}
+	return p
 }
 
 // checkTooLarge checks a stream that failed on an oversized upstream event:

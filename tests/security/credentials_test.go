@@ -1,7 +1,6 @@
 package security
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -207,9 +206,10 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 			t.Fatal(err)
 		}
 		rpcError(t, x, http.StatusForbidden)
-		// Without one, as at initialize, it resumes (at head: nothing to replay).
+		// Without one, as at initialize, it resumes (at the head of a
+		// complete stream: 204, nothing more will come).
 		ok := must(t)(bob.Resume(ctx, bobCursor))
-		if ok.status != 200 || mcptest.MediaType(ok.header) != "text/event-stream" || len(ok.events) != 0 {
+		if ok.status != http.StatusNoContent || len(ok.events) != 0 {
 			t.Fatalf("bob's own resume at head: %s", ok)
 		}
 	})
@@ -219,12 +219,12 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 			h := cred(header, aliceCred)
 			h.Set("Authorization", "Bearer whatever-"+fmt.Sprint(len(header)))
 			r := must(t)(alice.WithHeader(h).Resume(ctx, x2.events[len(x2.events)-1].ID))
-			if r.status != 200 || len(r.events) != 0 {
+			if r.status != http.StatusNoContent || len(r.events) != 0 { // at the end of a complete stream
 				t.Fatalf("alice with another Authorization (not bound): %s", r)
 			}
 			// Header names match case-insensitively.
 			r = must(t)(alice.WithHeader(http.Header{strings.ToLower(header): {aliceCred}}).Resume(ctx, x2.events[len(x2.events)-1].ID))
-			if r.status != 200 {
+			if r.status != http.StatusNoContent {
 				t.Fatalf("alice with a lower-case header name: %s", r)
 			}
 		})
@@ -276,25 +276,26 @@ func TestCredentialBindingAfterExpiry(t *testing.T) {
 		rpcError(t, x, http.StatusForbidden)
 	})
 	t.Run("alice gets her session back", func(t *testing.T) {
-		// The proxy adopts the session again: a gap, a warning, then the
-		// standalone stream follows live (it does not end).
-		resp, err := alice.Resume(ctx, cursor)
+		// Her call's stream: she has its answer, so 204, nothing to send.
+		x, err := finish(alice.Resume(ctx, cursor))
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer resp.Body.Close()
-		if resp.StatusCode != 200 {
-			x, _ := finish(resp, nil)
-			t.Fatalf("alice's resume after expiry: want 200 with a gap, got %s", x)
+		if x.status != http.StatusNoContent {
+			t.Fatalf("alice's resume of her answered call after expiry: %s, want 204", x)
 		}
-		evs, err := mcptest.ReadEvents(resp.Body, 1, 20*time.Second)
-		if err != nil || len(evs) != 1 || evs[0].Type != "gap" {
-			t.Fatalf("alice's resume after expiry: want a gap first, got %+v (%v)", evs, err)
+		// Her next call adopts the session again, bound to her credential.
+		x = must(t)(alice.Call(ctx, 3, "echo", map[string]any{"text": "alice-after-expiry"}, "a"))
+		if !strings.Contains(string(x.body), "alice-after-expiry") {
+			t.Fatalf("alice's call after expiry: %s", x)
 		}
-		var g mcptest.Gap
-		json.Unmarshal([]byte(evs[0].Data), &g)
-		if g.Reason != "expired" {
-			t.Fatalf("gap %q, want reason expired", evs[0].Data)
+		if _, held := adminSession(t, caddy, alice.SessionID); !held {
+			t.Fatal("the session was not adopted again for alice")
 		}
+		y, err := finish(mallory.Do(ctx, "POST", mcptest.CallBody(4, "echo", map[string]any{"text": "mallory-after"}, "m"), nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rpcError(t, y, http.StatusForbidden)
 	})
 }

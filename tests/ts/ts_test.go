@@ -163,8 +163,9 @@ func resumesFromLog(t *testing.T, c *harness.Caddy) [2]float64 {
 	}
 }
 
-// proxyID matches the proxy's event IDs, <epoch>-<stream>-<seq>; m[1] is seq.
-var proxyID = regexp.MustCompile(`^[a-z2-7]{8}-[1-9][0-9]*-(0|[1-9][0-9]*)$`)
+// proxyID matches the proxy's event IDs, <epoch>-<stream>-<seq> (stream 0
+// is the standalone stream); m[1] is seq.
+var proxyID = regexp.MustCompile(`^[a-z2-7]{8}-(?:0|[1-9][0-9]*)-(0|[1-9][0-9]*)$`)
 
 // The mission, with the TypeScript SDK client: the call's connection is cut
 // after 4 of 12 progress notifications; the SDK resumes with Last-Event-ID
