@@ -3,6 +3,10 @@
 //
 //   node client.mjs <endpoint-url> [--n=12] [--interval-ms=150] [--cut-after=4]
 //                   [--timeout-ms=30000] [--offer-version=2025-06-18]
+//                   [--close-after=0]
+//
+// --close-after=K asks the tool to close its call's SSE stream after progress
+// K (server.mjs does; the demo server ignores it).
 //
 // Every option can also be given as an environment variable
 // (MCP_TS_N, MCP_TS_INTERVAL_MS, MCP_TS_CUT_AFTER, MCP_TS_TIMEOUT_MS,
@@ -46,7 +50,8 @@ function options(argv) {
         intervalMs: Number(process.env.MCP_TS_INTERVAL_MS ?? 150),
         cutAfter: Number(process.env.MCP_TS_CUT_AFTER ?? 4),
         timeoutMs: Number(process.env.MCP_TS_TIMEOUT_MS ?? 30000),
-        offerVersion: process.env.MCP_TS_OFFER_VERSION || ''
+        offerVersion: process.env.MCP_TS_OFFER_VERSION || '',
+        closeAfter: 0
     };
     for (const arg of argv) {
         const m = /^--([a-z-]+)=(.*)$/.exec(arg);
@@ -61,6 +66,7 @@ function options(argv) {
             case 'cut-after': opts.cutAfter = Number(value); break;
             case 'timeout-ms': opts.timeoutMs = Number(value); break;
             case 'offer-version': opts.offerVersion = value; break;
+            case 'close-after': opts.closeAfter = Number(value); break;
             default: throw new Error(`unknown option --${key}`);
         }
     }
@@ -200,7 +206,12 @@ try {
     await client.connect(transport, { timeout: opts.timeoutMs });
     out.negotiatedVersion = transport.protocolVersion ?? '';
     const result = await client.callTool(
-        { name: 'count', arguments: { n: opts.n, interval_ms: opts.intervalMs } },
+        {
+            name: 'count',
+            arguments: opts.closeAfter > 0
+                ? { n: opts.n, interval_ms: opts.intervalMs, close_after: opts.closeAfter }
+                : { n: opts.n, interval_ms: opts.intervalMs }
+        },
         undefined,
         {
             // Generous: the call takes n*interval (1.8s by default) plus a
