@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -159,8 +160,22 @@ func Sessions(admin string) ([]buffer.SessionInfo, error) {
 // Session returns what the admin API shows of one session; ok is false if
 // the proxy holds no such session.
 func Session(admin, id string) (s buffer.SessionInfo, ok bool, err error) {
-	status, err := getJSON(admin+"/mcp_resume/sessions/"+id, &s)
+	status, err := getJSON(admin+"/mcp_resume/sessions/"+url.PathEscape(id), &s)
 	return s, status == http.StatusOK, err
+}
+
+// Purge purges a session through the admin API and returns the status.
+func Purge(admin, id string) (int, error) {
+	req, err := http.NewRequest(http.MethodDelete, admin+"/mcp_resume/sessions/"+url.PathEscape(id), nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := AdminClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // getJSON decodes a 200 answer into v; a 404 is no error.

@@ -18,6 +18,10 @@ var ErrEventTooLarge = errors.New("sse: event exceeds size limit")
 // DefaultMaxEventBytes bounds one event when Parser.MaxEventBytes is zero.
 const DefaultMaxEventBytes = 4 << 20
 
+// keepBuffer is the largest buffer a parser keeps between events: a stream
+// that once carried a large event must not hold that much for its life.
+const keepBuffer = 64 << 10
+
 // Event is one dispatched SSE event. Data aliases the parser's buffer and is
 // only valid until the emit callback returns.
 type Event struct {
@@ -108,6 +112,9 @@ func (p *Parser) Feed(b []byte, emit func(*Event) error) error {
 			return err
 		}
 		p.line = p.line[:0]
+		if cap(p.line) > keepBuffer {
+			p.line = nil
+		}
 	}
 	return nil
 }
@@ -169,6 +176,9 @@ func (p *Parser) dispatch(emit func(*Event) error) error {
 	err := emit(&p.ev)
 	p.ev = Event{}
 	p.data = p.data[:0]
+	if cap(p.data) > keepBuffer {
+		p.data = nil
+	}
 	p.size = 0
 	return err
 }

@@ -445,3 +445,23 @@ func TestFieldsLenIsExact(t *testing.T) {
 		}
 	}
 }
+
+// A parser that carried one large event does not keep its size afterwards.
+func TestParserGivesLargeBuffersBack(t *testing.T) {
+	var p Parser
+	p.MaxEventBytes = 8 << 20
+	big := "data: " + strings.Repeat("x", 4<<20) + "\n\n"
+	n := 0
+	if err := p.Feed([]byte(big[:1000]), func(*Event) error { n++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Feed([]byte(big[1000:]), func(*Event) error { n++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("%d events", n)
+	}
+	if cap(p.data) > keepBuffer || cap(p.line) > keepBuffer {
+		t.Fatalf("the parser keeps %d + %d bytes after a large event", cap(p.data), cap(p.line))
+	}
+}

@@ -60,8 +60,27 @@ func (c *Caddy) Admin() string { return fmt.Sprintf("http://localhost:%d", c.Adm
 // test ends.
 func StartCaddy(t testing.TB, site string) *Caddy {
 	t.Helper()
+	return StartCaddyWithSites(t, "", site)
+}
+
+// StartCaddyWithGlobal is StartCaddy with extra lines in the global options
+// block (e.g. `servers { protocols h1 h2c }`).
+func StartCaddyWithGlobal(t testing.TB, global, site string) *Caddy {
+	t.Helper()
+	return StartCaddyWithSites(t, global, site)
+}
+
+// StartCaddyWithSites is StartCaddy with more sites on ports of their own.
+func StartCaddyWithSites(t testing.TB, global, site string, more ...mcptest.Site) *Caddy {
+	t.Helper()
 	c := &Caddy{HTTPPort: FreePort(t), AdminPort: FreePort(t)}
-	c.Load(t, site)
+	err := mcptest.Load(mcptest.Config{
+		AdminPort: c.AdminPort, HTTPPort: c.HTTPPort, HTTPSPort: FreePort(t), Global: global,
+		Sites: append([]mcptest.Site{{Port: c.HTTPPort, Body: site}}, more...),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
 		if err := mcptest.Stop(); err != nil {
 			t.Logf("stopping caddy: %v", err)

@@ -148,6 +148,10 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 		{"bind_headers", []string{"bind_headers"}},
 		{"bind_headers Bad:Header", []string{"bind_headers"}},
 		{"frobnicate 3", []string{"frobnicate"}},
+		// An event of max_event_bytes must fit an empty stream with its
+		// framing (review item 15.8: 8128 in 8192 was accepted, then failed).
+		{"max_stream_bytes 8192\nmax_event_bytes 8128", []string{"max_event_bytes", "max_stream_bytes"}},
+		{"zone a/b", []string{"zone"}},
 	} {
 		t.Run(strings.ReplaceAll(tt.sub, "\n", ";"), func(t *testing.T) {
 			err := validate("Caddyfile", []byte(configWith(tt.sub)))
