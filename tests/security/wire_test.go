@@ -416,5 +416,3 @@ func TestStandaloneResumeDoesNotDependOnTheUpstream(t *testing.T) {
 		})
 	}
 }
-
-
