@@ -15,7 +15,7 @@ import (
 )
 
 // moduleMetrics returns the metric names caddymodule/metrics.go defines, from
-// its source: newCounterVec("x", ...) and desc("x", ...) calls, and
+// its source: newCounterVec("x", ...), newCounter("x", ...) and desc("x", ...) calls, and
 // prometheus.*Opts literals with Name: "x"; histograms come with their
 // _bucket, _sum and _count series. The value is the metric's type.
 func moduleMetrics(t *testing.T) map[string]string {
@@ -46,6 +46,8 @@ func moduleMetrics(t *testing.T) map[string]string {
 				switch id.Name {
 				case "newCounterVec":
 					add(n.Args[0], "countervec")
+				case "newCounter":
+					add(n.Args[0], "counter")
 				case "desc":
 					add(n.Args[0], "collected")
 				}
