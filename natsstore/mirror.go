@@ -53,6 +53,26 @@ func (m *mirror[T]) get(key string) (*T, uint64, bool) {
 	return e.val, e.rev, true
 }
 
+// lookup is get, reading through to KV when the mirror lacks the key:
+// another replica may have written it a moment ago, and watches of
+// different buckets are not ordered with each other. One attempt: a miss
+// costs a round trip, and nothing more when NATS is unreachable.
+func (m *mirror[T]) lookup(ctx context.Context, key string) (*T, uint64, bool) {
+	if v, rev, ok := m.get(key); ok {
+		return v, rev, ok
+	}
+	e, err := m.kv.Get(ctx, key)
+	if err != nil {
+		return nil, 0, false
+	}
+	v := new(T)
+	if json.Unmarshal(e.Value(), v) != nil {
+		return nil, 0, false
+	}
+	m.apply(key, e.Revision(), e.Value(), v)
+	return m.get(key)
+}
+
 // keysOf returns the keys of a group.
 func (m *mirror[T]) keysOf(group string) []string {
 	m.mu.RLock()
@@ -332,12 +352,14 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 	if rev > 0 {
 		opts = append(opts, jetstream.LastRevision(rev))
 	}
+	base := rev
+	if base == 0 {
+		base = m.revOf(key)
+	}
 	for round := 0; ; round++ {
 		err := m.kv.Delete(ctx, key, opts...)
 		if err == nil {
-			// The delete marker's revision is unknown here: the watch
-			// brings it. Until then, mark the key deleted just past rev.
-			m.apply(key, max(rev, m.revOf(key))+1, nil, nil)
+			m.deleted(key, base)
 			return nil
 		}
 		if !transient(err) || round >= 20 {
@@ -346,6 +368,21 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 		if !sleepCtx(ctx, backoff(round)) {
 			return ctx.Err()
 		}
+	}
+}
+
+// deleted records that key, last seen at revision base, was deleted.
+// The delete marker's own revision is unknown here (the watch brings it),
+// but it is above base, and every later write above it: base+1 marks the
+// key deleted until then without hiding any of them. If the mirror has
+// moved past base already, the watch has told it more than this knows.
+func (m *mirror[T]) deleted(key string, base uint64) {
+	m.mu.RLock()
+	e := m.entries[key]
+	current := e != nil && e.rev == base
+	m.mu.RUnlock()
+	if current {
+		m.apply(key, base+1, nil, nil)
 	}
 }
 

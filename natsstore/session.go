@@ -193,8 +193,15 @@ func (s *session) Stream(num uint32) (buffer.Stream, bool) {
 	if num == policy.StandaloneNum {
 		return s.Standalone(), true
 	}
-	if _, _, ok := s.st.streams.get(streamKey(s.sh, s.epoch, num)); !ok {
-		return nil, false
+	key := streamKey(s.sh, s.epoch, num)
+	if _, _, ok := s.st.streams.get(key); !ok {
+		// Opened on another replica a moment ago, or retired.
+		ctx, cancel := context.WithTimeout(s.st.ctx, 2*time.Second)
+		_, _, ok = s.st.streams.lookup(ctx, key)
+		cancel()
+		if !ok {
+			return nil, false
+		}
 	}
 	return s.stream(num, policy.RequestStream), true
 }

@@ -124,10 +124,13 @@ func (st *Store) handle(rec *sessionRecord) *session {
 	return h
 }
 
-// Session implements buffer.Store.
+// Session implements buffer.Store. A session this replica's mirror does
+// not hold yet (created elsewhere a moment ago) is read from KV.
 func (st *Store) Session(id string) (buffer.Session, bool) {
-	rec, _, ok := st.sessionRecord(id)
-	if !ok {
+	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
+	defer cancel()
+	rec, _, ok := st.sessions.lookup(ctx, sessionToken(id))
+	if !ok || rec.ID != id {
 		return nil, false
 	}
 	return st.handle(rec), true
