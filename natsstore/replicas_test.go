@@ -421,3 +421,51 @@ func TestStandaloneProducerMoves(t *testing.T) {
 		t.Fatalf("EventsEvictedBeforeAck = %d", n)
 	}
 }
+
+// Close releases what the replica held: its producer leases (another
+// replica may produce), its consumers, its readers' entries; and the
+// live request streams it produced fail loudly, where any replica sees.
+func TestCloseReleases(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	g := sa.Standalone()
+	if !g.ClaimProducer() {
+		t.Fatal("ClaimProducer")
+	}
+	appendEvents(t, g, 1, 2)
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	str.ClaimProducer()
+	appendEvents(t, str, 1, 2)
+	r, _ := str.Attach(1)
+	if _, err := readSeqs(t, r, sa.Epoch(), 1, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if info, _ := b.events.Info(ctx); info.State.Consumers != 1 {
+		t.Fatalf("%d consumers while A reads", info.State.Consumers)
+	}
+	a.Close()
+	select {
+	case <-r.Done():
+	default:
+		t.Fatal("A's reader goes on after Close")
+	}
+	sb, ok := b.Session("sess")
+	if !ok {
+		t.Fatal("the session went with A")
+	}
+	if !sb.Standalone().ClaimProducer() {
+		t.Fatal("A's standalone lease outlived its Close")
+	}
+	sb.Standalone().ReleaseProducer()
+	stB, _ := sb.Stream(1)
+	waitUntil(t, "the records to settle", 10*time.Second, func() bool {
+		v := stB.View() // 1..2, then the gap event and the error for request 1
+		return !stB.Connected() && v.State == policy.Failed && v.Head == 4 && v.Requests[0].AnsweredAt == 4
+	})
+	waitUntil(t, "A's consumer to go", 10*time.Second, func() bool {
+		info, err := b.events.Info(ctx)
+		return err == nil && info.State.Consumers == 0
+	})
+}

@@ -138,6 +138,7 @@ func (s *stream) recordChanged(cur *streamRecord) {
 		} else {
 			r.close(buffer.ErrTakenOver)
 		}
+		r.release() // its consumer goes now, not when its relay notices
 	}
 	s.changed.fire()
 }
@@ -423,6 +424,7 @@ func (s *stream) attached(r *reader) {
 	s.rmu.Unlock()
 	for _, old := range over {
 		old.close(buffer.ErrTakenOver)
+		old.release()
 	}
 	if rec, ok := s.record(); !ok || rec.Reader == nil || rec.Reader.ID != r.id {
 		// Taken over already, between the write and now.
@@ -480,4 +482,10 @@ func (s *stream) leave() {
 	}
 	s.producing.Store(false)
 	st.release(s.key)
+	if r := s.localReader(); r != nil && s.removeReader(r) {
+		// Its client goes with this replica: no longer connected.
+		r.close(buffer.ErrSessionGone)
+		r.sync(true)
+		r.release()
+	}
 }
