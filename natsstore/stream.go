@@ -350,7 +350,9 @@ func (s *stream) Resume(ack uint64, decide func(policy.StreamView) policy.Resume
 	// What the acknowledgement released goes now. A client acknowledges
 	// only what it was sent, hence stored; a producer here may still be
 	// storing what a test (or a racing client) acknowledges: wait for it.
-	s.currentWriter().waitStoredTo(ack, st.endTimeout())
+	if ack > 0 {
+		s.currentWriter().waitStoredTo(ack, st.endTimeout())
+	}
 	st.evict(s.key, time.Now())
 	if attachErr != nil {
 		return d, nil, attachErr
