@@ -469,3 +469,93 @@ func TestCloseReleases(t *testing.T) {
 		return err == nil && info.State.Consumers == 0
 	})
 }
+
+// Backpressure across replicas: a producer on A whose stream is full
+// waits while its client reads on B at full speed (not a stall, though the
+// window is longer than the stall timeout), and goes on as the window
+// releases what B delivered; a resume on B acknowledging frees it at once.
+func TestBackpressureAcrossReplicas(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	lim := testLimits()
+	lim.MaxStreamBytes = 4 << 10
+	lim.ResumeWindow = 500 * time.Millisecond
+	lim.StallTimeout = 200 * time.Millisecond
+	withLim := func(o *Options) { o.Limits = lim }
+	a, b := openAt(t, []string{srv.ClientURL()}, withLim), openAt(t, []string{srv.ClientURL()}, withLim)
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	var sb buffer.Session
+	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	stB, _ := sb.Stream(1)
+	rb, _ := stB.Attach(1)
+	defer rb.Close()
+	big := bytes.Repeat([]byte("x"), 1000)
+	const n = 12
+	done := make(chan error, 1)
+	go func() {
+		for seq := uint64(1); seq <= n; seq++ {
+			if _, err := str.Append(context.Background(), append(append([]byte("data: "), big...), '\n'), nil); err != nil {
+				done <- fmt.Errorf("append %d: %w", seq, err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for got := uint64(0); got < n; {
+		batch, err := rb.Read(ctx, nil, 1<<20, time.Hour)
+		if err != nil {
+			t.Fatalf("read after %d: %v", got, err)
+		}
+		got = batch.Last
+		rb.Delivered(got)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if a.Counters().Stalls.Load() == 0 {
+		t.Fatal("no append waited: the bound was not exercised")
+	}
+	if n := a.Counters().FailedStreams()[policy.ReasonStalled]; n != 0 {
+		t.Fatalf("a client reading at full speed on B was failed as stalled %d times", n)
+	}
+
+	// Full again, of events no one reads: a resume on B that acknowledges
+	// frees A.
+	rb.Close()
+	lim.StallTimeout = time.Minute
+	a.SetLimits(lim)
+	waitUntil(t, "the window to release what B read", 10*time.Second, func() bool { return stB.View().Floor == n+1 })
+	var blocked chan error
+	for seq := uint64(n + 1); blocked == nil; seq++ {
+		ch := make(chan error, 1)
+		go func() {
+			_, err := str.Append(context.Background(), append(append([]byte("data: "), big...), '\n'), nil)
+			ch <- err
+		}()
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(300 * time.Millisecond):
+			blocked = ch
+		}
+	}
+	head := str.View().Head
+	waitUntil(t, "B to see the head", 10*time.Second, func() bool { return stB.View().Head == head })
+	if _, r, err := stB.Resume(head, func(policy.StreamView) policy.Resume {
+		return policy.Resume{Kind: policy.Gap, Then: policy.ThenEnd}
+	}); err != nil || r != nil {
+		t.Fatalf("resume on B: %v %v", r, err)
+	}
+	select {
+	case err := <-blocked:
+		if err != nil {
+			t.Fatalf("append after the ack on B: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("A's append still blocked after the ack on B")
+	}
+}
