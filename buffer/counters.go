@@ -38,6 +38,10 @@ func (c *Counters) addFailed(r policy.Reason) {
 	c.mu.Unlock()
 }
 
+// AddFailed counts a failed stream. Stores other than MemoryStore (which
+// live in other packages) count their failures with it.
+func (c *Counters) AddFailed(r policy.Reason) { c.addFailed(r) }
+
 // FailedStreams returns the number of failed streams by reason.
 func (c *Counters) FailedStreams() map[policy.Reason]uint64 {
 	c.mu.Lock()

@@ -1,0 +1,304 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+var eventContracts = []contract{
+	{"AppendReadComplete", testAppendReadComplete},
+	{"Framing", testFraming},
+	{"ReaderFollowsLive", testReaderFollowsLive},
+	{"ReadBatches", testReadBatches},
+	{"FailedStream", testFailedStream},
+	{"TooLarge", testTooLarge},
+	{"ConcurrentAppendersAndReaders", testConcurrent},
+}
+
+func testAppendReadComplete(t *testing.T, e *env) {
+	st := e.store(bigLimits())
+	s := mustSession(t, st, "s1")
+	str := mustStream(t, s, "1", `"b"`)
+	if v := str.View(); v.Floor != 1 || v.Head != 0 || v.State != policy.Live || v.Kind != policy.RequestStream {
+		t.Fatalf("fresh stream view %+v", v)
+	}
+	appendN(t, str, 3, evSize)
+	seq, err := str.Append(context.Background(), fields(payload(4, evSize)), []string{"1"})
+	if err != nil || seq != 4 {
+		t.Fatalf("Append(answering 1) = %d, %v", seq, err)
+	}
+	mustAppend(t, str, payload(5, evSize))
+	if _, err := str.Append(context.Background(), fields(payload(6, evSize)), []string{`"b"`, "1"}); err != nil {
+		t.Fatal(err)
+	}
+	str.Complete()
+	v := str.View()
+	if v.State != policy.Complete || v.Head != 6 || len(v.Requests) != 2 ||
+		v.Requests[0] != (policy.RequestView{ID: "1", AnsweredAt: 4}) || v.Requests[1] != (policy.RequestView{ID: `"b"`, AnsweredAt: 6}) {
+		t.Fatalf("view after complete %+v (a later answer must not move an earlier one)", v)
+	}
+	if _, err := str.Append(context.Background(), fields(payload(7, evSize)), nil); !errors.Is(err, buffer.ErrStreamEnded) {
+		t.Fatalf("Append after Complete: %v, want ErrStreamEnded", err)
+	}
+	r, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := readAll(t, r)
+	if err != io.EOF {
+		t.Fatalf("end of complete stream: %v, want io.EOF", err)
+	}
+	checkSeqs(t, evs, 1, evSize)
+	if len(evs) != 6 {
+		t.Fatalf("got %d events", len(evs))
+	}
+	// At the end, again: still EOF, nothing more.
+	if b, err := r.Read(context.Background(), nil, 1<<20, time.Second); len(b.Data) != 0 || err != io.EOF {
+		t.Fatalf("second read at end: %d slices, %v", len(b.Data), err)
+	}
+	r.Close()
+	// Attaching at head+1 of a complete stream: EOF at once.
+	r2, err := str.Attach(7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r2.Read(context.Background(), nil, 1<<20, time.Second); err != io.EOF {
+		t.Fatalf("read at head+1: %v", err)
+	}
+	r2.Close()
+	if n := st.Counters().EventsEnqueued.Load(); n != 6 {
+		t.Errorf("EventsEnqueued = %d, want 6", n)
+	}
+}
+
+// The bytes a reader hands out are the event as the client gets it: the
+// proxy's ID, then the upstream's fields, then the blank line; the epoch
+// verifies under the store's key.
+func testFraming(t *testing.T, e *env) {
+	st := e.store(bigLimits())
+	s := mustSession(t, st, "s.1*>") // IDs may hold what NATS subjects cannot
+	str := mustStream(t, s)
+	if _, err := str.Append(context.Background(), []byte("event: message\ndata: {\"x\":1}\n"), nil); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := str.Attach(1)
+	defer r.Close()
+	b, err := r.Read(context.Background(), nil, 1<<20, 10*time.Second)
+	if err != nil || len(b.Data) != 1 {
+		t.Fatalf("read: %v %+v", err, b)
+	}
+	want := "id: " + eventid.ID{Epoch: s.Epoch(), Stream: str.Num(), Seq: 1}.String() + "\nevent: message\ndata: {\"x\":1}\n\n"
+	if string(b.Data[0]) != want {
+		t.Fatalf("framed %q, want %q", b.Data[0], want)
+	}
+	if len(st.Key()) == 0 || !eventid.Minted(st.Key(), "s.1*>", s.Epoch()) {
+		t.Fatal("the session's epoch does not verify under the store's key")
+	}
+}
+
+func testReaderFollowsLive(t *testing.T, e *env) {
+	st := e.store(bigLimits())
+	str := mustStream(t, mustSession(t, st, "s1"))
+	r, err := str.Attach(1) // before the first event (priming position)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	got := async(func() []event { evs, _ := readUntil(t, r, 3); return evs })
+	time.Sleep(20 * time.Millisecond)
+	appendN(t, str, 3, evSize)
+	select {
+	case evs := <-got:
+		checkSeqs(t, evs, 1, evSize)
+		if len(evs) != 3 {
+			t.Fatalf("got %d events", len(evs))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("reader did not follow live")
+	}
+	// A blocked read returns when its context ends, and after its idle time.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := r.Read(ctx, nil, 1<<20, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read with expired context: %v", err)
+	}
+	if _, err := r.Read(context.Background(), nil, 1<<20, 20*time.Millisecond); !errors.Is(err, buffer.ErrIdle) {
+		t.Fatalf("read past its idle time: %v", err)
+	}
+	if r.Next() != 4 {
+		t.Fatalf("Next = %d, want 4", r.Next())
+	}
+}
+
+// Read hands out at most about maxBytes, in runs of whole events, and at
+// least one event however small maxBytes is.
+func testReadBatches(t *testing.T, e *env) {
+	st := e.store(bigLimits())
+	str := mustStream(t, mustSession(t, st, "s1"))
+	appendN(t, str, 9, evSize)
+	r, _ := str.Attach(1)
+	defer r.Close()
+	one := len("id: 12345678-1-1\n") + len("data: ") + evSize + 2
+	ctx := context.Background()
+	evs, err := read(ctx, r, 3*one)
+	if err != nil || len(evs) < 1 || len(evs) > 3 {
+		t.Fatalf("read of 3 events' bytes: %d, %v", len(evs), err)
+	}
+	checkSeqs(t, evs, 1, evSize)
+	next := uint64(len(evs)) + 1
+	evs, _ = read(ctx, r, 1) // less than one event: still one
+	if len(evs) != 1 {
+		t.Fatalf("read with maxBytes 1: %d events", len(evs))
+	}
+	checkSeqs(t, evs, next, evSize)
+	rest, err := readUntil(t, r, int(9-next))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSeqs(t, rest, next+1, evSize)
+}
+
+func testFailedStream(t *testing.T, e *env) {
+	st := e.store(bigLimits())
+	str := mustStream(t, mustSession(t, st, "s1"), "1", "2")
+	appendN(t, str, 2, evSize)
+	str.Fail(policy.ReasonUpstreamFailed, buffer.Signal{Fields: fields(payload(3, evSize)), Answers: []string{"1", "2"}})
+	str.Fail(policy.ReasonStalled) // the first reason sticks
+	r, _ := str.Attach(1)
+	defer r.Close()
+	evs, err := readAll(t, r)
+	var fe *buffer.FailedError
+	if !errors.As(err, &fe) || fe.Reason != policy.ReasonUpstreamFailed {
+		t.Fatalf("end of failed stream: %v", err)
+	}
+	checkSeqs(t, evs, 1, evSize)
+	if len(evs) != 3 {
+		t.Fatalf("got %d events, want the 2 retained and the signal", len(evs))
+	}
+	if v := str.View(); v.State != policy.Failed || v.Requests[0].AnsweredAt != 3 || v.Requests[1].AnsweredAt != 3 {
+		t.Fatalf("the signal did not answer the requests: %+v", v)
+	}
+	if n := st.Counters().FailedStreams()[policy.ReasonUpstreamFailed]; n != 1 {
+		t.Errorf("FailedStreams[upstream_failed] = %d", n)
+	}
+	if n := st.Counters().FailedStreams()[policy.ReasonStalled]; n != 0 {
+		t.Errorf("FailedStreams[stalled] = %d: a second Fail must do nothing", n)
+	}
+	if n := st.Counters().EventsEnqueued.Load(); n != 3 {
+		t.Errorf("EventsEnqueued = %d, want 3 (signals count)", n)
+	}
+}
+
+// An event that can never fit fails at once; the store fails nothing
+// itself (the tap decides).
+func testTooLarge(t *testing.T, e *env) {
+	for _, bound := range []string{"stream", "session", "total"} {
+		lim := bigLimits()
+		switch bound {
+		case "stream":
+			lim.MaxStreamBytes = 4 << 10
+		case "session":
+			lim.MaxSessionBytes = 4 << 10
+		case "total":
+			lim.MaxTotalBytes = 4 << 10
+		}
+		st := e.store(lim)
+		str := mustStream(t, mustSession(t, st, "s1"))
+		_, err := str.Append(context.Background(), fields(make([]byte, 8<<10)), nil)
+		var fe *buffer.FailedError
+		if !errors.As(err, &fe) || fe.Reason != policy.ReasonTooLarge {
+			t.Fatalf("%s: oversized Append: %v", bound, err)
+		}
+		if str.View().State != policy.Live {
+			t.Fatalf("%s: the store fails nothing itself", bound)
+		}
+		appendN(t, str, 1, evSize) // smaller events go on
+	}
+}
+
+// Many appenders on many streams while readers join at random positions,
+// get taken over and rejoin: every reader sees exactly the contiguous
+// events from where it attached.
+func testConcurrent(t *testing.T, e *env) {
+	st := e.store(bigLimits())
+	const streams, events = 4, 120
+	var wg sync.WaitGroup
+	for i := 0; i < streams; i++ {
+		s, ok := st.Session(fmt.Sprintf("s%d", i/2))
+		if !ok {
+			s = mustSession(t, st, fmt.Sprintf("s%d", i/2))
+		}
+		str := mustStream(t, s)
+		name := fmt.Sprintf("stream%d", i)
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			for seq := uint64(1); seq <= events; seq++ {
+				got, err := str.Append(context.Background(), fields([]byte(fmt.Sprintf("%s#%d", name, seq))), nil)
+				if err != nil || got != seq {
+					t.Errorf("%s: append %d = %d, %v", name, seq, got, err)
+					return
+				}
+				if seq%16 == 0 {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			str.Complete()
+		}()
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			for round := 0; ; round++ {
+				head := str.View().Head
+				from := uint64(1)
+				if head > 0 {
+					from = 1 + rng.Uint64N(head)
+				}
+				r, err := str.Attach(from)
+				if err != nil {
+					t.Errorf("%s: attach %d: %v", name, from, err)
+					return
+				}
+				want := from
+				n := 1 + rng.IntN(40)
+				for got := 0; got < n; {
+					evs, err := read(context.Background(), r, 1<<10)
+					for _, ev := range evs {
+						if ev.Seq != want || string(ev.Data) != fmt.Sprintf("%s#%d", name, want) {
+							t.Errorf("%s: reader from %d got seq %d %q, want %d", name, from, ev.Seq, ev.Data, want)
+							r.Close()
+							return
+						}
+						want++
+						got++
+					}
+					if err == io.EOF {
+						r.Close()
+						if want != events+1 {
+							t.Errorf("%s: EOF at %d", name, want)
+						}
+						return
+					}
+					if err != nil {
+						t.Errorf("%s: read: %v", name, err)
+						r.Close()
+						return
+					}
+				}
+				r.Delivered(want - 1)
+				r.Close()
+			}
+		}()
+	}
+	wg.Wait()
+}

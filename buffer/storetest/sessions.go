@@ -1,0 +1,353 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+var sessionContracts = []contract{
+	{"SessionAndStreamLimits", testLimits},
+	{"AdoptedSessionsCannotCrowdOut", testAdoptedShare},
+	{"DeleteSession", testDeleteSession},
+	{"IdleExpiry", testIdleExpiry},
+	{"EndedStreamsRetire", testEndedStreamsRetire},
+	{"StreamLookupAndUpstreamCursor", testLookups},
+}
+
+func testLimits(t *testing.T, e *env) {
+	lim := bigLimits()
+	lim.MaxSessions = 2
+	lim.MaxStreamsPerSession = 2
+	st := e.store(lim)
+	s := mustSession(t, st, "s1")
+	if _, err := st.CreateSession("s1", buffer.SessionMeta{}); !errors.Is(err, buffer.ErrSessionExists) {
+		t.Fatalf("duplicate session: %v", err)
+	}
+	mustSession(t, st, "s2")
+	if st.Admit(policy.Initialized) {
+		t.Fatal("Admit with max_sessions held")
+	}
+	if _, err := st.CreateSession("s3", buffer.SessionMeta{}); !errors.Is(err, buffer.ErrTooManySessions) {
+		t.Fatalf("third session: %v", err)
+	}
+	g := s.Standalone()
+	if got, ok := s.Stream(policy.StandaloneNum); !ok || got != g || s.Standalone() != g {
+		t.Fatal("Stream(0) does not find the standalone stream")
+	}
+	if len(s.Info().Streams) != 0 {
+		t.Fatal("a standalone stream no one used is not shown")
+	}
+	p := mustStream(t, s)
+	mustStream(t, s)
+	if p.Num() != 1 || s.NextStream() != 3 {
+		t.Fatalf("request streams number from 1: %d, next %d", p.Num(), s.NextStream())
+	}
+	if s.AdmitStream() {
+		t.Fatal("AdmitStream with max_streams_per_session live")
+	}
+	if _, err := s.NewStream([]string{"x"}, [32]byte{7}); !errors.Is(err, buffer.ErrTooManyStreams) {
+		t.Fatalf("third live stream: %v", err)
+	}
+	// Only live request streams count: a complete one frees its slot at
+	// once, even while it still holds events (the byte bounds cover those).
+	appendN(t, p, 1, evSize)
+	p.Complete()
+	if !s.AdmitStream() {
+		t.Fatal("the complete stream still counts")
+	}
+	q, err := s.NewStream([]string{"q"}, [32]byte{8})
+	if err != nil {
+		t.Fatalf("stream after the old one completed: %v", err)
+	}
+	if q.Num() != 3 {
+		t.Fatalf("stream number %d, want 3", q.Num())
+	}
+	if _, ok := s.Stream(99); ok {
+		t.Fatal("Stream(99) found")
+	}
+	info := s.Info()
+	if len(info.Streams) != 3 || info.Streams[0].Num != 1 || info.Streams[0].State != "complete" || info.Streams[2].Num != 3 {
+		t.Fatalf("info %+v", info)
+	}
+	if !g.ClaimProducer() {
+		t.Fatal("ClaimProducer")
+	}
+	if info := s.Info(); len(info.Streams) != 4 || info.Streams[0].Kind != "standalone" {
+		t.Fatalf("info after the standalone stream was used %+v", info)
+	}
+	g.ReleaseProducer()
+	if s := st.Stats(); s.Sessions != 2 || s.Streams != 4 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// Sessions adopted on a POST alone have their own quarter of max_sessions:
+// made-up session IDs can neither lock initialize out nor take more.
+func testAdoptedShare(t *testing.T, e *env) {
+	lim := bigLimits()
+	lim.MaxSessions = 8
+	st := e.store(lim)
+	for i := 0; i < 2; i++ {
+		if _, err := st.CreateSession(fmt.Sprintf("made-up-%d", i), buffer.SessionMeta{Origin: policy.Adopted}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st.Admit(policy.Adopted) {
+		t.Fatal("Admit(Adopted) with its share full")
+	}
+	if _, err := st.CreateSession("made-up-2", buffer.SessionMeta{Origin: policy.Adopted}); !errors.Is(err, buffer.ErrTooManySessions) {
+		t.Fatalf("third adopted session: %v", err)
+	}
+	for i := 0; i < 8; i++ {
+		if _, err := st.CreateSession(fmt.Sprintf("real-%d", i), buffer.SessionMeta{}); err != nil {
+			t.Fatalf("initialized session %d refused: %v", i, err)
+		}
+	}
+	if _, err := st.CreateSession("real-8", buffer.SessionMeta{}); !errors.Is(err, buffer.ErrTooManySessions) {
+		t.Fatalf("beyond max_sessions: %v", err)
+	}
+	// A confirmed adopted session moves to the others' share.
+	st.Delete("real-0", policy.ReasonDeleted)
+	a, _ := st.Session("made-up-0")
+	a.Confirm()
+	if a.Meta().Origin != policy.Resumed {
+		t.Fatalf("origin after Confirm: %v", a.Meta().Origin)
+	}
+	if _, err := st.CreateSession("made-up-3", buffer.SessionMeta{Origin: policy.Adopted}); err != nil {
+		t.Fatalf("adopted share not freed by Confirm: %v", err)
+	}
+	if _, err := st.CreateSession("real-9", buffer.SessionMeta{}); !errors.Is(err, buffer.ErrTooManySessions) {
+		t.Fatalf("the confirmed session must count among the others: %v", err)
+	}
+}
+
+func testDeleteSession(t *testing.T, e *env) {
+	st := e.store(bigLimits())
+	meta := buffer.SessionMeta{Version: "2025-11-25", Fingerprint: [32]byte{9, 9}, BindHeaders: []string{"Authorization"}}
+	s, err := st.CreateSession("s1", meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.ID() != "s1" || !reflect.DeepEqual(s.Meta(), meta) || len(s.Epoch()) != eventid.EpochLen {
+		t.Fatalf("session %q %+v %q", s.ID(), s.Meta(), s.Epoch())
+	}
+	if got, ok := st.Session("s1"); !ok || got.Epoch() != s.Epoch() {
+		t.Fatal("Session(s1)")
+	}
+	a, b := mustStream(t, s, "1"), mustStream(t, s, "2")
+	appendN(t, a, 4, evSize)
+	appendN(t, b, 3, evSize)
+	keep := mustStream(t, mustSession(t, st, "s2"))
+	appendN(t, keep, 2, evSize)
+	r, _ := a.Attach(1)
+	if !st.Delete("s1", policy.ReasonDeleted) {
+		t.Fatal("Delete = false")
+	}
+	if st.Delete("s1", policy.ReasonDeleted) {
+		t.Fatal("second Delete = true")
+	}
+	select {
+	case <-r.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("reader not done after delete")
+	}
+	if _, err := r.Read(context.Background(), nil, 1<<20, time.Second); !errors.Is(err, buffer.ErrSessionGone) {
+		t.Fatalf("read after delete: %v", err)
+	}
+	r.Close()
+	if s.Context().Err() == nil {
+		t.Fatal("session context not cancelled")
+	}
+	if _, ok := st.Session("s1"); ok {
+		t.Fatal("session still there")
+	}
+	tomb, ok := st.Tombstone("s1")
+	if !ok || tomb.Reason != policy.ReasonDeleted || tomb.Epoch != s.Epoch() || tomb.Fingerprint != meta.Fingerprint ||
+		tomb.Version != "2025-11-25" || !reflect.DeepEqual(tomb.BindHeaders, meta.BindHeaders) {
+		t.Fatalf("tombstone %+v, %v", tomb, ok)
+	}
+	// It remembers the requests whose answers the client may lack.
+	if len(tomb.Streams) != 2 || tomb.Streams[a.Num()].Requests[0].ID != "1" || tomb.Streams[a.Num()].Floor != 5 {
+		t.Fatalf("tombstone streams %+v", tomb.Streams)
+	}
+	if _, err := s.NewStream([]string{"3"}, [32]byte{3}); !errors.Is(err, buffer.ErrSessionGone) {
+		t.Fatalf("NewStream on deleted session: %v", err)
+	}
+	if _, err := a.Attach(5); !errors.Is(err, buffer.ErrSessionGone) {
+		t.Fatalf("Attach on deleted session: %v", err)
+	}
+	if n := st.Counters().EventsEvicted.Load(); n != 7 {
+		t.Fatalf("EventsEvicted = %d", n)
+	}
+	if n := st.Counters().FailedStreams()[policy.ReasonDeleted]; n != 2 {
+		t.Fatalf("FailedStreams[deleted] = %d", n)
+	}
+	// A new session under the same ID consumes the tombstone: what it knew
+	// becomes the new incarnation's past, under a new epoch minted for the
+	// same session ID.
+	s1b := mustSession(t, st, "s1")
+	if _, ok := st.Tombstone("s1"); ok {
+		t.Fatal("tombstone survived re-creation")
+	}
+	if s1b.Epoch() == s.Epoch() || !eventid.Minted(st.Key(), "s1", s.Epoch()) || !eventid.Minted(st.Key(), "s1", s1b.Epoch()) {
+		t.Fatalf("epochs %q then %q", s.Epoch(), s1b.Epoch())
+	}
+	past, ok := s1b.Past(s.Epoch())
+	if !ok || past.Reason != policy.ReasonDeleted || len(past.Streams) != 2 {
+		t.Fatalf("past %+v %v", past, ok)
+	}
+	if str := mustStream(t, s1b); str.Num() != 1 || str.View().Head != 0 {
+		t.Fatalf("the new incarnation's first stream: %d %+v", str.Num(), str.View())
+	}
+	st.Delete("s2", policy.ReasonDeleted)
+	st.Delete("s1", policy.ReasonPurged)
+	waitFor(t, "everything to go", func() bool {
+		s := st.Stats()
+		return s.RetainedBytes == 0 && s.Sessions == 0 && s.Tombstones == 2
+	})
+	// The second tombstone remembers the first incarnation too.
+	tomb, _ = st.Tombstone("s1")
+	if tomb.Reason != policy.ReasonPurged || len(tomb.Earlier) != 1 || tomb.Earlier[0].Epoch != s.Epoch() {
+		t.Fatalf("second tombstone %+v", tomb)
+	}
+}
+
+func testIdleExpiry(t *testing.T, e *env) {
+	const idle = 500 * time.Millisecond
+	lim := bigLimits()
+	lim.SessionIdleTimeout = idle
+	st := e.store(lim)
+	idleS := mustSession(t, st, "idle")
+	appendN(t, mustStream(t, idleS), 3, evSize)
+	touched := mustSession(t, st, "touched")
+	connected := mustSession(t, st, "connected")
+	r, _ := mustStream(t, connected).Attach(1)
+	start := time.Now()
+
+	stop := make(chan struct{})
+	done := async(func() bool {
+		for {
+			select {
+			case <-stop:
+				return true
+			case <-time.After(idle / 5):
+				touched.Touch()
+			}
+		}
+	})
+	waitFor(t, "the idle session to expire", func() bool { _, ok := st.Session("idle"); return !ok })
+	if time.Since(start) < idle {
+		t.Fatalf("expired after %s, before its idle timeout", time.Since(start))
+	}
+	if tomb, ok := st.Tombstone("idle"); !ok || tomb.Reason != policy.ReasonExpired {
+		t.Fatalf("tombstone %+v %v", tomb, ok)
+	}
+	time.Sleep(2 * idle)
+	if _, ok := st.Session("touched"); !ok {
+		t.Fatal("a touched session expired")
+	}
+	if _, ok := st.Session("connected"); !ok {
+		t.Fatal("a session with a client connected expired")
+	}
+	close(stop)
+	<-done
+	// Once the client leaves, the idle clock starts from then.
+	r.Close()
+	left := time.Now()
+	waitFor(t, "the disconnected session to expire", func() bool { _, ok := st.Session("connected"); return !ok })
+	if time.Since(left) < idle {
+		t.Fatal("expired before its idle timeout after disconnect")
+	}
+	waitFor(t, "the session no longer touched to expire", func() bool { _, ok := st.Session("touched"); return !ok })
+	if s := st.Stats(); s.Sessions != 0 || s.RetainedBytes != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// Ended request streams leave the session once they hold nothing and more
+// than EndedStreamsKept others ended after them: a session that makes many
+// short calls keeps a bounded number of records.
+func testEndedStreamsRetire(t *testing.T, e *env) {
+	st := e.store(windowLimits())
+	s := mustSession(t, st, "s1")
+	const calls = buffer.EndedStreamsKept + 6
+	for i := 0; i < calls; i++ {
+		str := mustStream(t, s, fmt.Sprint(i))
+		if _, err := str.Append(context.Background(), fields(payload(1, evSize)), []string{fmt.Sprint(i)}); err != nil {
+			t.Fatal(err)
+		}
+		str.Complete()
+		r, _ := str.Attach(1)
+		deliver(t, r, 1)
+		r.Close()
+	}
+	held := func() int {
+		n := 0
+		for num := uint32(1); num <= calls; num++ {
+			if _, ok := s.Stream(num); ok {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor(t, "ended streams to retire", func() bool { return held() == buffer.EndedStreamsKept })
+	time.Sleep(3 * window)
+	if n := held(); n != buffer.EndedStreamsKept {
+		t.Fatalf("%d stream records held after %d calls, want %d", n, calls, buffer.EndedStreamsKept)
+	}
+	if _, ok := s.Stream(calls); !ok {
+		t.Fatal("the newest stream was retired")
+	}
+	if _, ok := s.Stream(1); ok {
+		t.Fatal("the oldest stream was not retired")
+	}
+	if s.NextStream() != calls+1 {
+		t.Fatal("retiring must not reuse stream numbers")
+	}
+	waitFor(t, "the bytes to go", func() bool { return st.Stats().RetainedBytes == 0 })
+}
+
+func testLookups(t *testing.T, e *env) {
+	st := e.store(bigLimits())
+	s := mustSession(t, st, "s1")
+	a, err := s.NewStream([]string{"1"}, [32]byte{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := s.StreamByKey([32]byte{1}); !ok || got.Num() != a.Num() {
+		t.Fatal("StreamByKey")
+	}
+	if _, ok := s.StreamByKey([32]byte{2}); ok {
+		t.Fatal("StreamByKey of an unknown request")
+	}
+	if got, ok := s.Stream(a.Num()); !ok || got.Num() != a.Num() || got.Kind() != policy.RequestStream {
+		t.Fatal("Stream(num)")
+	}
+	a.Complete()
+	b, _ := s.NewStream([]string{"1"}, [32]byte{1}) // the same request again
+	if got, ok := s.StreamByKey([32]byte{1}); !ok || got.Num() != b.Num() {
+		t.Fatal("StreamByKey must find the latest stream of a request")
+	}
+	if s.NextStream() != 3 {
+		t.Fatalf("NextStream = %d", s.NextStream())
+	}
+	g := s.Standalone()
+	if g.UpstreamCursor() != "" {
+		t.Fatal("a fresh stream has an upstream cursor")
+	}
+	g.SetUpstreamCursor("upstream-17")
+	if c := g.UpstreamCursor(); c != "upstream-17" {
+		t.Fatalf("UpstreamCursor = %q", c)
+	}
+	if got, _ := st.Session("s1"); got.Standalone().UpstreamCursor() != "upstream-17" {
+		t.Fatal("the cursor is the stream's, whichever handle reads it")
+	}
+}

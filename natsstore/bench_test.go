@@ -1,0 +1,58 @@
+package natsstore
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+)
+
+// BenchmarkAppendRead appends 1 KiB events to one stream on an embedded
+// single node (in-process connection) while a reader relays them as the
+// Caddy glue does (read, then mark delivered), and reports events/s from
+// the first append to the last event read.
+func BenchmarkAppendRead(b *testing.B) {
+	lim := buffer.Limits{
+		MaxStreamBytes: 512 << 20, MaxSessionBytes: 512 << 20, MaxTotalBytes: 1 << 30,
+		MaxSessions: 10, MaxStreamsPerSession: 10,
+		ResumeWindow: time.Second, StallTimeout: time.Minute,
+	}
+	st := openEmbedded(b, lim, func(o *Options) { o.SweepInterval = 100 * time.Millisecond })
+	s, err := st.CreateSession("bench", buffer.SessionMeta{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
+	r, _ := str.Attach(1)
+	defer r.Close()
+	fields := append(append([]byte("data: "), bytes.Repeat([]byte("x"), 1024)...), '\n')
+	read := make(chan error, 1)
+	go func() {
+		ctx := context.Background()
+		dst := make([][]byte, 0, 8)
+		for n := 0; n < b.N; {
+			batch, err := r.Read(ctx, dst, 256<<10, time.Minute)
+			if err != nil {
+				read <- err
+				return
+			}
+			n += int(batch.Last - batch.First + 1)
+			r.Delivered(batch.Last)
+		}
+		read <- nil
+	}()
+	b.SetBytes(int64(len(fields)))
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < b.N; i++ {
+		if _, err := str.Append(context.Background(), fields, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-read; err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+}

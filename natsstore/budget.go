@@ -1,0 +1,274 @@
+package natsstore
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// The bounds, as this store counts them:
+//   - a stream holds the framed bytes of its events from its floor to its
+//     head, counting what its producer has accepted and not yet stored;
+//   - a session holds the sum over its streams: exact for the streams this
+//     replica produces, as recorded (every 64 KiB) for the others;
+//   - the total is what JetStream stores (messages with their headers,
+//     including events below a floor that share a message with retained
+//     ones), plus what this replica has accepted and not yet stored.
+//     JetStream enforces it for real (MaxBytes, DiscardNew): a publish into
+//     a full stream is refused and retried, never evicts.
+// policy.DecideAppend decides on these figures, as it does for the memory
+// store.
+
+// pollInterval bounds a blocked append's wait between decisions: room
+// freed on another replica is seen through the mirrors, but the total is
+// read from JetStream.
+const pollInterval = 250 * time.Millisecond
+
+// tryAppend decides one append: it appends (wait nil, err nil), refuses
+// (wait nil, err set), or returns how to wait before deciding again.
+func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (uint64, func(context.Context) error, error) {
+	st, s := w.st, w.s
+	var freed, changed, room <-chan struct{}
+	refreshed := false
+	for captured := false; ; captured = true {
+		if captured {
+			// Take the wake-ups before deciding again, so none is missed.
+			freed, changed, room = st.freed.wait(), s.changed.wait(), w.room.wait()
+		}
+		rec, ok := s.record()
+		if !ok || rec.State != policy.Live {
+			return 0, nil, buffer.ErrStreamEnded
+		}
+		now := time.Now()
+		lim := st.Limits()
+		others := w.others.get(w, clk.blocked())
+		total := st.total.get(st, time.Second) + st.unstored.Load()
+
+		w.mu.Lock()
+		if err := w.usableLocked(); err != nil {
+			w.mu.Unlock()
+			return 0, nil, err
+		}
+		n := int64(w.framedLen(len(fields)))
+		own := max(w.headOff-rec.FloorOff, 0)
+		bud := policy.Budget{
+			StreamBytes: own, StreamMax: lim.MaxStreamBytes,
+			SessionBytes: own + others, SessionMax: lim.MaxSessionBytes,
+			TotalBytes: total, TotalMax: lim.MaxTotalBytes,
+			Attached: rec.readerAt(now, st.opts.LeaseTTL) != nil,
+		}
+		var stalled time.Duration
+		progress := now
+		if clk.blocked() {
+			progress = w.progressSince(rec, clk.since, now)
+			stalled = now.Sub(progress)
+		}
+		action := policy.DecideAppend(bud, n, stalled, lim.StallTimeout)
+		pipelineFull := len(w.open.lens) > 0 && len(w.open.buf)+int(n) > st.batchMax
+		if action == policy.Append && !pipelineFull {
+			seq := w.addLocked(fields, answers)
+			w.mu.Unlock()
+			return seq, nil, nil
+		}
+		w.mu.Unlock()
+
+		switch action {
+		case policy.FailTooLarge:
+			return 0, nil, &buffer.FailedError{Reason: policy.ReasonTooLarge}
+		case policy.Block, policy.FailStalled:
+			// Room may be owed already: what the stream's own window has
+			// released goes now (the sweeper does it for every stream).
+			if st.evict(s.key, now) {
+				continue
+			}
+			if !refreshed && st.total.stale(100*time.Millisecond) {
+				refreshed = true
+				st.total.refresh(st)
+				continue
+			}
+			if action == policy.FailStalled {
+				return 0, nil, &buffer.FailedError{Reason: policy.ReasonStalled}
+			}
+		case policy.Append:
+			// The event fits; the store is not taking batches fast enough.
+			// That can only go on while NATS fails: it fails the stream as
+			// a full log would.
+			if clk.blocked() && now.Sub(clk.since) >= lim.StallTimeout {
+				return 0, nil, &buffer.FailedError{Reason: policy.ReasonStalled}
+			}
+		}
+		if !captured {
+			continue
+		}
+		due := progress.Add(lim.StallTimeout).Sub(now)
+		return 0, func(ctx context.Context) error {
+			clk.start(w)
+			t := time.NewTimer(min(max(due, time.Millisecond), pollInterval))
+			defer t.Stop()
+			select {
+			case <-freed:
+			case <-changed:
+			case <-room:
+			case <-t.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return nil
+		}, nil
+	}
+}
+
+// progressSince is when the stall of an append blocked since blockedAt
+// counts from: the client's last delivery if later, or now while the
+// client has every event (it is keeping up; the window holds the room).
+// The record's deliveries are coalesced; a reader on this replica knows
+// its own at once.
+func (w *writer) progressSince(rec *streamRecord, blockedAt, now time.Time) time.Time {
+	delivered, sent := rec.Delivered, rec.lastDelivery()
+	if r := w.s.localReader(); r != nil {
+		d, at := r.progress()
+		delivered, sent = max(delivered, d), maxTime(sent, at)
+	}
+	if delivered >= w.head {
+		return now
+	}
+	if sent.After(blockedAt) {
+		return sent
+	}
+	return blockedAt
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// stallClock is one append's time blocked, as the memory store counts it.
+type stallClock struct{ since time.Time }
+
+func (c *stallClock) blocked() bool { return !c.since.IsZero() }
+
+func (c *stallClock) start(w *writer) {
+	if c.blocked() {
+		return
+	}
+	c.since = time.Now()
+	w.s.stalled.Store(true)
+	w.st.counters.Stalls.Add(1)
+	if h := w.st.opts.Hooks.StallStarted; h != nil {
+		h(w.s.sess.id, w.s.num)
+	}
+}
+
+func (c *stallClock) stop(w *writer) {
+	if !c.blocked() {
+		return
+	}
+	waited := time.Since(c.since)
+	w.s.stalled.Store(false)
+	w.st.counters.StallNanos.Add(uint64(waited))
+	if h := w.st.opts.Hooks.StallEnded; h != nil {
+		h(w.s.sess.id, w.s.num, waited)
+	}
+}
+
+// othersCache is what the other streams of a writer's session hold, summed
+// again when the writer has grown by 64 KiB, a second has passed, or an
+// append waits.
+type othersCache struct {
+	mu    sync.Mutex
+	bytes int64
+	atOff int64
+	at    time.Time
+	grown atomic.Int64 // the writer's byte count, readable without its lock
+}
+
+func (c *othersCache) get(w *writer, fresh bool) int64 {
+	off := c.grown.Load()
+	c.mu.Lock()
+	if !fresh && !c.at.IsZero() && off-c.atOff < 64<<10 && time.Since(c.at) < time.Second {
+		b := c.bytes
+		c.mu.Unlock()
+		return b
+	}
+	c.mu.Unlock()
+	st, s := w.st, w.s
+	var sum int64
+	for _, key := range st.streams.keysOf(s.sess.inc) {
+		if key == s.key {
+			continue
+		}
+		if rec, _, ok := st.streams.get(key); ok {
+			sum += st.retainedOf(key, rec)
+		}
+	}
+	c.mu.Lock()
+	c.bytes, c.atOff, c.at = sum, off, time.Now()
+	c.mu.Unlock()
+	return sum
+}
+
+// totalBytes caches what the events stream stores, read from JetStream at
+// most once a second (or when a decision needs it fresh), plus what this
+// replica has stored since.
+type totalBytes struct {
+	mu         sync.Mutex
+	bytes      int64
+	at         time.Time
+	refreshing bool
+}
+
+func (t *totalBytes) get(st *Store, maxAge time.Duration) int64 {
+	if t.stale(maxAge) {
+		t.refresh(st)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.bytes
+}
+
+func (t *totalBytes) stale(maxAge time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return time.Since(t.at) >= maxAge
+}
+
+func (t *totalBytes) refresh(st *Store) {
+	t.mu.Lock()
+	if t.refreshing {
+		t.mu.Unlock()
+		return
+	}
+	t.refreshing = true
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
+	info, err := st.events.Info(ctx)
+	cancel()
+	t.mu.Lock()
+	t.refreshing = false
+	if err == nil {
+		t.bytes, t.at = int64(info.State.Bytes), time.Now()
+	} else {
+		t.at = time.Now() // try again in a while; keep the last figure
+	}
+	t.mu.Unlock()
+	st.fault("stream_info", err)
+}
+
+func (t *totalBytes) add(n int64) {
+	t.mu.Lock()
+	t.bytes += n
+	t.mu.Unlock()
+}
+
+func (t *totalBytes) invalidate() {
+	t.mu.Lock()
+	t.at = time.Time{}
+	t.mu.Unlock()
+}

@@ -1,0 +1,110 @@
+package natsstore
+
+import (
+	"errors"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// errStale: the record changed so that the eviction computed is no longer
+// allowed (a reader attached, an acknowledgement was undone).
+var errStale = errors.New("eviction no longer allowed")
+
+// readerNext is the position of the stream's attached reader for
+// policy.Evictable: 0 if none is, or its replica died.
+func (st *Store) readerNext(rec *streamRecord, now time.Time) uint64 {
+	if r := rec.readerAt(now, st.opts.LeaseTTL); r != nil {
+		return max(r.Next, 1)
+	}
+	return 0
+}
+
+// evictable is the highest seq of the stream that may go now (below the
+// floor if none). Events past both the acknowledged and the delivered
+// position can never go, so the walk stops there.
+func (st *Store) evictable(rec *streamRecord, now time.Time) uint64 {
+	limit := max(rec.Acked, rec.Delivered)
+	if limit < rec.Floor {
+		return rec.Floor - 1
+	}
+	return rec.evictable(limit, st.readerNext(rec, now), now, st.Limits().ResumeWindow)
+}
+
+// evict moves a stream's floor as far as policy.Evictable allows now, by
+// compare-and-set (any replica may), then purges the messages wholly
+// below it. It reports whether the floor moved.
+func (st *Store) evict(key string, now time.Time) bool {
+	rec, _, ok := st.streams.get(key)
+	if !ok {
+		return false
+	}
+	upTo := st.evictable(rec, now)
+	if upTo < rec.Floor {
+		return false
+	}
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	subject := st.names.subject(key)
+	floor := upTo + 1
+	at, last, err := st.locate(ctx, subject, floor, rec.FloorMsg)
+	if err != nil {
+		return false
+	}
+	var off int64
+	var purgeBefore, floorMsg uint64 // purge below purgeBefore (0: nothing)
+	head, headOff := rec.Head, rec.HeadOff
+	switch {
+	case at != nil:
+		// The floor's event is stored: its message stays, those before go.
+		off, purgeBefore, floorMsg = at.offsetOf(floor), at.seq, at.seq
+	case last != nil:
+		// Every stored event goes (an acknowledgement never reaches past
+		// what is stored). The subject empties; its writer, finding it
+		// so, publishes on from nothing.
+		floor = min(floor, last.last()+1)
+		head, headOff = max(head, last.last()), max(headOff, last.endOff())
+		off, purgeBefore, floorMsg = last.endOff(), last.seq+1, last.seq+1
+	default:
+		floor = min(floor, rec.Head+1)
+		off = rec.HeadOff
+	}
+	if floor <= rec.Floor {
+		return false
+	}
+	var from uint64
+	_, err = st.streams.update(ctx, key, func(r *streamRecord) error {
+		from = 0
+		if r.Floor >= floor {
+			return errUnchanged
+		}
+		if st.evictable(r, now) < floor-1 {
+			return errStale
+		}
+		from = r.Floor
+		r.moveFloor(floor, off, floorMsg)
+		r.Head, r.HeadOff = max(r.Head, head), max(r.HeadOff, headOff)
+		return nil
+	})
+	if err != nil || from == 0 {
+		if err != nil && !errors.Is(err, errStale) && !errors.Is(err, errNotFound) {
+			st.fault("evict", err)
+		}
+		return false
+	}
+	st.counters.EventsEvicted.Add(floor - from)
+	if purgeBefore > 0 {
+		if err := st.purge(ctx, subject, purgeBefore); err != nil {
+			st.fault("purge", err) // the next floor move purges these too
+		}
+		st.total.invalidate()
+	}
+	st.freed.fire()
+	return true
+}
+
+// retirable reports whether an ended stream holds nothing a client could
+// still get: its record may go.
+func (st *Store) retirable(rec *streamRecord, now time.Time) bool {
+	return rec.State != policy.Live && rec.Floor > rec.Head && rec.readerAt(now, st.opts.LeaseTTL) == nil
+}

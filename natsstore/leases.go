@@ -1,0 +1,224 @@
+package natsstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// A lease says which replica does something only one may do: produce a
+// stream (KV <P>_LEASES), or sweep (KV <P>_META, key sweeper). It is a key
+// with a per-key TTL, renewed while the replica lives; if the replica dies
+// the key expires and the watches tell every replica.
+
+type heldLease struct {
+	key  string
+	rev  uint64
+	val  []byte
+	lost func() // another replica holds it now
+}
+
+// heldLeases are this replica's producer leases.
+type heldLeases struct {
+	mu sync.Mutex
+	m  map[string]*heldLease
+}
+
+// acquire takes the producer lease of a stream; false if another holds it.
+func (st *Store) acquire(key string, lost func()) (bool, error) {
+	rec := &leaseRecord{Replica: st.opts.ReplicaID, Since: time.Now().UnixNano()}
+	ctx, cancel := context.WithTimeout(st.ctx, 10*time.Second)
+	defer cancel()
+	rev, err := st.leases.create(ctx, key, rec, jetstream.KeyTTL(st.opts.LeaseTTL))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return false, nil
+	}
+	if err != nil {
+		st.fault("lease", err)
+		return false, err
+	}
+	b, _ := json.Marshal(rec)
+	st.held.mu.Lock()
+	st.held.m[key] = &heldLease{key: key, rev: rev, val: b, lost: lost}
+	st.held.mu.Unlock()
+	return true, nil
+}
+
+// holds reports whether this replica holds the lease of key.
+func (st *Store) holds(key string) bool {
+	st.held.mu.Lock()
+	defer st.held.mu.Unlock()
+	return st.held.m[key] != nil
+}
+
+// release gives the lease of key up, if held.
+func (st *Store) release(key string) {
+	st.held.mu.Lock()
+	h := st.held.m[key]
+	delete(st.held.m, key)
+	st.held.mu.Unlock()
+	if h == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := st.leases.remove(ctx, key, h.rev); err != nil && !isWrongLast(err) {
+		st.fault("lease_release", err)
+	}
+}
+
+func (hl *heldLeases) releaseAll(st *Store) {
+	hl.mu.Lock()
+	keys := make([]string, 0, len(hl.m))
+	for k := range hl.m {
+		keys = append(keys, k)
+	}
+	hl.mu.Unlock()
+	for _, k := range keys {
+		st.release(k)
+	}
+}
+
+// renewLoop renews the held producer leases, and the reader entries,
+// three times per TTL.
+func (st *Store) renewLoop() {
+	defer st.wg.Done()
+	t := time.NewTicker(st.opts.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-st.ctx.Done():
+			return
+		case <-t.C:
+		}
+		st.held.mu.Lock()
+		list := make([]*heldLease, 0, len(st.held.m))
+		for _, h := range st.held.m {
+			list = append(list, h)
+		}
+		st.held.mu.Unlock()
+		for _, h := range list {
+			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
+			switch {
+			case err == nil:
+				st.held.mu.Lock()
+				if st.held.m[h.key] == h {
+					h.rev = rev
+				}
+				st.held.mu.Unlock()
+				var rec leaseRecord
+				json.Unmarshal(h.val, &rec)
+				st.leases.apply(h.key, rev, h.val, &rec)
+			case isWrongLast(err):
+				st.held.mu.Lock()
+				mine := st.held.m[h.key] == h
+				if mine {
+					delete(st.held.m, h.key)
+				}
+				st.held.mu.Unlock()
+				if mine && h.lost != nil {
+					h.lost()
+				}
+			default:
+				st.fault("lease_renew", err) // the next round tries again
+			}
+		}
+		st.heartbeatReaders()
+	}
+}
+
+// heartbeatReaders refreshes this replica's reader entries, so no replica
+// takes their clients for gone.
+func (st *Store) heartbeatReaders() {
+	for _, s := range st.handleList() {
+		for _, str := range s.streamList() {
+			str.rmu.Lock()
+			list := make([]*reader, 0, len(str.readers))
+			for r := range str.readers {
+				list = append(list, r)
+			}
+			str.rmu.Unlock()
+			for _, r := range list {
+				r.heartbeat()
+			}
+		}
+	}
+}
+
+// renew rewrites a lease key at rev with a fresh TTL. kv.Update would drop
+// the per-key TTL, so this publishes to the bucket's subject directly.
+func (st *Store) renew(bucket, key string, val []byte, rev uint64, ttl time.Duration) (uint64, error) {
+	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
+	defer cancel()
+	ack, err := st.js.Publish(ctx, "$KV."+bucket+"."+key, val,
+		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
+	if err != nil {
+		return 0, err
+	}
+	return ack.Sequence, nil
+}
+
+// sweeperLease makes one replica at a time the zone's sweeper.
+type sweeperLease struct {
+	mu      sync.Mutex
+	rev     uint64
+	renewed time.Time
+}
+
+func (st *Store) sweeperTTL() time.Duration {
+	return max(2*time.Second, (4 * st.opts.SweepInterval).Round(time.Second))
+}
+
+// holdSweeper reports whether this replica sweeps now, taking or renewing
+// the lease as needed.
+func (st *Store) holdSweeper() bool {
+	sl := &st.sweeper
+	sl.mu.Lock()
+	defer sl.mu.Unlock()
+	ttl := st.sweeperTTL()
+	if sl.rev != 0 && time.Since(sl.renewed) < ttl/3 {
+		return true
+	}
+	val, _ := json.Marshal(leaseRecord{Replica: st.opts.ReplicaID, Since: time.Now().UnixNano()})
+	if sl.rev != 0 {
+		rev, err := st.renew(st.names.meta, "sweeper", val, sl.rev, ttl)
+		switch {
+		case err == nil:
+			sl.rev, sl.renewed = rev, time.Now()
+			return true
+		case isWrongLast(err):
+			sl.rev = 0 // it expired and another replica took it
+		default:
+			st.fault("sweeper_lease", err)
+			return time.Since(sl.renewed) < ttl*2/3
+		}
+	}
+	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
+	defer cancel()
+	rev, err := st.meta.Create(ctx, "sweeper", val, jetstream.KeyTTL(ttl))
+	if err != nil {
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			st.fault("sweeper_lease", err)
+		}
+		return false
+	}
+	sl.rev, sl.renewed = rev, time.Now()
+	return true
+}
+
+func (sl *sweeperLease) release(st *Store) {
+	sl.mu.Lock()
+	rev := sl.rev
+	sl.rev = 0
+	sl.mu.Unlock()
+	if rev == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st.meta.Delete(ctx, "sweeper", jetstream.LastRevision(rev))
+}

@@ -1,0 +1,396 @@
+package natsstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// mirror is this replica's copy of one KV bucket, kept by a watch: reads
+// are local, and every replica learns of every change within about a
+// millisecond. Writes go to KV by compare-and-set (see update) and are
+// applied here as soon as they succeed, so a replica reads its own writes.
+// An entry only ever moves to a higher revision, so a late watch delivery
+// never undoes a newer write.
+type mirror[T any] struct {
+	kv jetstream.KeyValue
+	// group, if set, indexes keys by a prefix (streams by incarnation).
+	group func(key string) string
+	// changed is told of every applied change (cur nil: deleted). It runs
+	// with no mirror lock held and must not block.
+	changed func(key string, cur *T)
+
+	mu      sync.RWMutex
+	entries map[string]*entry[T]
+	groups  map[string]map[string]struct{}
+	live    int // entries not deleted
+}
+
+type entry[T any] struct {
+	rev  uint64
+	val  *T     // nil: deleted
+	raw  []byte // the value as stored, decoded afresh for each write
+	gone int64  // unix nanos of the deletion
+}
+
+func newMirror[T any](kv jetstream.KeyValue, group func(string) string, changed func(string, *T)) *mirror[T] {
+	return &mirror[T]{kv: kv, group: group, changed: changed,
+		entries: make(map[string]*entry[T]), groups: make(map[string]map[string]struct{})}
+}
+
+// get returns the value at key (shared: never modify it) and its revision.
+func (m *mirror[T]) get(key string) (*T, uint64, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	e := m.entries[key]
+	if e == nil || e.val == nil {
+		return nil, 0, false
+	}
+	return e.val, e.rev, true
+}
+
+// lookup is get, reading through to KV when the mirror lacks the key:
+// another replica may have written it a moment ago, and watches of
+// different buckets are not ordered with each other. One attempt: a miss
+// costs a round trip, and nothing more when NATS is unreachable.
+func (m *mirror[T]) lookup(ctx context.Context, key string) (*T, uint64, bool) {
+	if v, rev, ok := m.get(key); ok {
+		return v, rev, ok
+	}
+	e, err := m.kv.Get(ctx, key)
+	if err != nil {
+		return nil, 0, false
+	}
+	v := new(T)
+	if json.Unmarshal(e.Value(), v) != nil {
+		return nil, 0, false
+	}
+	m.apply(key, e.Revision(), e.Value(), v)
+	return m.get(key)
+}
+
+// keysOf returns the keys of a group.
+func (m *mirror[T]) keysOf(group string) []string {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	g := m.groups[group]
+	out := make([]string, 0, len(g))
+	for k := range g {
+		out = append(out, k)
+	}
+	return out
+}
+
+// each calls fn for every live entry, on a snapshot.
+func (m *mirror[T]) each(fn func(key string, val *T, rev uint64)) {
+	type kv struct {
+		k   string
+		v   *T
+		rev uint64
+	}
+	m.mu.RLock()
+	list := make([]kv, 0, m.live)
+	for k, e := range m.entries {
+		if e.val != nil {
+			list = append(list, kv{k, e.val, e.rev})
+		}
+	}
+	m.mu.RUnlock()
+	for _, x := range list {
+		fn(x.k, x.v, x.rev)
+	}
+}
+
+func (m *mirror[T]) count() int {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.live
+}
+
+// apply records the value at key as of rev (raw nil: deleted) unless the
+// mirror already holds that revision or a newer one.
+func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
+	m.mu.Lock()
+	e := m.entries[key]
+	if e != nil && e.rev >= rev {
+		m.mu.Unlock()
+		return false
+	}
+	if e == nil {
+		e = &entry[T]{}
+		m.entries[key] = e
+	}
+	was := e.val != nil
+	e.rev, e.val, e.raw = rev, val, raw
+	switch {
+	case val != nil && !was:
+		m.live++
+		if m.group != nil {
+			g := m.group(key)
+			if m.groups[g] == nil {
+				m.groups[g] = make(map[string]struct{})
+			}
+			m.groups[g][key] = struct{}{}
+		}
+	case val == nil && was:
+		m.live--
+		if m.group != nil {
+			g := m.group(key)
+			delete(m.groups[g], key)
+			if len(m.groups[g]) == 0 {
+				delete(m.groups, g)
+			}
+		}
+	}
+	if val == nil {
+		e.gone = time.Now().UnixNano()
+	}
+	m.mu.Unlock()
+	if m.changed != nil {
+		m.changed(key, val)
+	}
+	return true
+}
+
+// prune forgets deletions older than age; until then they keep a late
+// delivery of an older revision from bringing a key back.
+func (m *mirror[T]) prune(age time.Duration) {
+	cut := time.Now().Add(-age).UnixNano()
+	m.mu.Lock()
+	for k, e := range m.entries {
+		if e.val == nil && e.gone < cut {
+			delete(m.entries, k)
+		}
+	}
+	m.mu.Unlock()
+}
+
+// watch keeps the mirror until ctx ends; ready is closed once the bucket's
+// initial values are in.
+func (m *mirror[T]) watch(ctx context.Context, onErr func(error)) (ready <-chan struct{}, err error) {
+	w, err := m.kv.WatchAll(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r := make(chan struct{})
+	go func() {
+		defer w.Stop()
+		initial := true
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+				if e == nil {
+					if initial {
+						initial = false
+						close(r)
+					}
+					continue
+				}
+				m.take(e, onErr)
+			}
+		}
+	}()
+	return r, nil
+}
+
+// take applies one watched entry.
+func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
+	if e.Operation() != jetstream.KeyValuePut {
+		m.apply(e.Key(), e.Revision(), nil, nil)
+		return
+	}
+	v := new(T)
+	if err := json.Unmarshal(e.Value(), v); err != nil {
+		onErr(err)
+		return
+	}
+	m.apply(e.Key(), e.Revision(), e.Value(), v)
+}
+
+// ---- writes ------------------------------------------------------------
+
+// errUnchanged, returned by an update's change function, skips the write.
+var errUnchanged = errors.New("unchanged")
+
+// errNotFound: the key does not exist (or was deleted).
+var errNotFound = errors.New("record not found")
+
+// maxCASRounds bounds compare-and-set retries of one update; each round
+// means another writer changed the record meanwhile.
+const maxCASRounds = 200
+
+// update changes the value at key by compare-and-set: change gets a fresh
+// copy to modify, and may be called again if another writer got there
+// first. It returns the value written (or the current one, if change
+// returned errUnchanged), and change's own errors.
+func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) error) (*T, error) {
+	m.mu.RLock()
+	e := m.entries[key]
+	var raw []byte
+	var rev uint64
+	if e != nil && e.val != nil {
+		raw, rev = e.raw, e.rev
+	}
+	m.mu.RUnlock()
+	for round := 0; ; round++ {
+		if raw == nil || round > 0 {
+			var err error
+			if raw, rev, err = m.fetch(ctx, key); err != nil {
+				return nil, err
+			}
+		}
+		v := new(T)
+		if err := json.Unmarshal(raw, v); err != nil {
+			return nil, err
+		}
+		err := change(v)
+		if errors.Is(err, errUnchanged) {
+			return v, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		nrev, err := m.kv.Update(ctx, key, b, rev)
+		if err == nil {
+			m.apply(key, nrev, b, v)
+			return v, nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+			if !transient(err) || round >= maxCASRounds {
+				return nil, err
+			}
+			if !sleepCtx(ctx, backoff(round)) {
+				return nil, ctx.Err()
+			}
+		} else if round >= maxCASRounds {
+			return nil, err
+		}
+	}
+}
+
+// fetch reads key from KV (not the mirror, which may lag) and applies it.
+func (m *mirror[T]) fetch(ctx context.Context, key string) ([]byte, uint64, error) {
+	for round := 0; ; round++ {
+		e, err := m.kv.Get(ctx, key)
+		switch {
+		case err == nil:
+			v := new(T)
+			if err := json.Unmarshal(e.Value(), v); err != nil {
+				return nil, 0, err
+			}
+			m.apply(key, e.Revision(), e.Value(), v)
+			return e.Value(), e.Revision(), nil
+		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+			return nil, 0, errNotFound
+		case !transient(err) || round >= 20:
+			return nil, 0, err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return nil, 0, ctx.Err()
+		}
+	}
+}
+
+// create writes a new key; jetstream.ErrKeyExists if it exists.
+func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, err
+	}
+	for round := 0; ; round++ {
+		rev, err := m.kv.Create(ctx, key, b, opts...)
+		if err == nil {
+			m.apply(key, rev, b, v)
+			return rev, nil
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || !transient(err) || round >= 20 {
+			return 0, err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// put writes key whatever it holds.
+func (m *mirror[T]) put(ctx context.Context, key string, v *T) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	for round := 0; ; round++ {
+		rev, err := m.kv.Put(ctx, key, b)
+		if err == nil {
+			m.apply(key, rev, b, v)
+			return nil
+		}
+		if !transient(err) || round >= 20 {
+			return err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return ctx.Err()
+		}
+	}
+}
+
+// remove deletes key if it is still at rev (rev 0: whatever it holds).
+func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
+	var opts []jetstream.KVDeleteOpt
+	if rev > 0 {
+		opts = append(opts, jetstream.LastRevision(rev))
+	}
+	base := rev
+	if base == 0 {
+		base = m.revOf(key)
+	}
+	for round := 0; ; round++ {
+		err := m.kv.Delete(ctx, key, opts...)
+		if err == nil {
+			m.deleted(key, base)
+			return nil
+		}
+		if !transient(err) || round >= 20 {
+			return err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return ctx.Err()
+		}
+	}
+}
+
+// deleted records that key, last seen at revision base, was deleted.
+// The delete marker's own revision is unknown here (the watch brings it),
+// but it is above base, and every later write above it: base+1 marks the
+// key deleted until then without hiding any of them. If the mirror has
+// moved past base already, the watch has told it more than this knows.
+func (m *mirror[T]) deleted(key string, base uint64) {
+	m.mu.RLock()
+	e := m.entries[key]
+	current := e != nil && e.rev == base
+	m.mu.RUnlock()
+	if current {
+		m.apply(key, base+1, nil, nil)
+	}
+}
+
+func (m *mirror[T]) revOf(key string) uint64 {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	if e := m.entries[key]; e != nil {
+		return e.rev
+	}
+	return 0
+}

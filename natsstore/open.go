@@ -1,0 +1,442 @@
+package natsstore
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+)
+
+// Store is the JetStream-backed buffer.Store. Open starts one; Close stops
+// what it started. Sessions outlive a Store: they belong to the zone.
+type Store struct {
+	opts       Options
+	srv        *server.Server // the embedded server, if any
+	nc         *nats.Conn
+	js         jetstream.JetStream
+	events     jetstream.Stream
+	names      names
+	key        []byte
+	counters   buffer.Counters
+	maxPayload int64
+	batchMax   int
+
+	sessions *mirror[sessionRecord]
+	streams  *mirror[streamRecord]
+	tombs    *mirror[tombRecord]
+	leases   *mirror[leaseRecord]
+	meta     jetstream.KeyValue
+
+	ctx       context.Context // ends when the store closes
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closing   atomic.Bool
+
+	limMu  sync.RWMutex
+	limits buffer.Limits
+
+	mu      sync.Mutex
+	handles map[string]*session // this replica's session handles, by session token
+	byKey   sync.Map            // stream key -> *stream: where mirror changes are told
+
+	freed    signal // a floor moved or limits changed: blocked appends decide again
+	total    totalBytes
+	unstored atomic.Int64 // bytes appended here and not yet stored
+
+	held    heldLeases
+	sweeper sweeperLease
+}
+
+var _ buffer.Store = (*Store)(nil)
+
+// names are the zone's JetStream names.
+type names struct {
+	events, evPrefix                       string // stream <P>_EVENTS, subjects <P>.ev.<key>
+	sessions, streams, tombs, leases, meta string // KV buckets
+}
+
+func newNames(p string) names {
+	return names{
+		events: p + "_EVENTS", evPrefix: p + ".ev.",
+		sessions: p + "_SESSIONS", streams: p + "_STREAMS", tombs: p + "_TOMBS",
+		leases: p + "_LEASES", meta: p + "_META",
+	}
+}
+
+func (n names) subject(streamKey string) string { return n.evPrefix + streamKey }
+
+// Open connects to NATS (or starts the embedded server), provisions the
+// zone's stream and buckets, loads the zone's records and starts the
+// background work: the mirrors' watches, lease renewal and the sweeper.
+func Open(ctx context.Context, opts Options) (*Store, error) {
+	if err := opts.setDefaults(); err != nil {
+		return nil, err
+	}
+	st := &Store{opts: opts, names: newNames(opts.Prefix), limits: opts.Limits,
+		handles: make(map[string]*session)}
+	st.ctx, st.cancel = context.WithCancel(context.Background())
+	st.held.m = make(map[string]*heldLease)
+	ok := false
+	defer func() {
+		if !ok {
+			st.shutdown()
+		}
+	}()
+	if err := st.connect(); err != nil {
+		return nil, err
+	}
+	st.maxPayload = st.nc.MaxPayload()
+	st.batchMax = int(min(int64(opts.BatchBytes), st.maxPayload-headerRoom))
+	if st.batchMax < 4<<10 {
+		return nil, fmt.Errorf("natsstore: the server's max_payload (%d) is too small", st.maxPayload)
+	}
+	if err := st.provision(ctx); err != nil {
+		return nil, err
+	}
+	if err := st.loadKey(ctx); err != nil {
+		return nil, err
+	}
+	if err := st.startMirrors(ctx); err != nil {
+		return nil, err
+	}
+	st.wg.Add(2)
+	go st.renewLoop()
+	go st.sweepLoop()
+	ok = true
+	return st, nil
+}
+
+// connect starts the embedded server if asked, and connects.
+func (st *Store) connect() error {
+	o := st.opts
+	copts := []nats.Option{
+		nats.Name("mcp-resume " + o.ReplicaID),
+		nats.MaxReconnects(-1), // forever, in the background
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.RetryOnFailedConnect(false),
+	}
+	if o.Embedded {
+		sopts := &server.Options{
+			ServerName: "mcp-resume-" + o.ReplicaID,
+			JetStream:  true,
+			StoreDir:   o.Dir,
+			Host:       "127.0.0.1", // loopback only
+			Port:       server.RANDOM_PORT,
+			MaxPayload: embeddedMaxPayload,
+			MaxPending: embeddedMaxPayload,
+			NoLog:      !o.ServerLogs,
+			NoSigs:     true,
+		}
+		srv, err := server.NewServer(sopts)
+		if err != nil {
+			return fmt.Errorf("natsstore: embedded server: %w", err)
+		}
+		if o.ServerLogs {
+			srv.ConfigureLogger()
+		}
+		srv.Start()
+		st.srv = srv
+		if !srv.ReadyForConnections(30 * time.Second) {
+			return errors.New("natsstore: the embedded server did not start")
+		}
+		copts = append(copts, nats.InProcessServer(srv))
+	}
+	switch {
+	case o.CredentialsFile != "":
+		copts = append(copts, nats.UserCredentials(o.CredentialsFile))
+	case o.Token != "":
+		copts = append(copts, nats.Token(o.Token))
+	case o.User != "":
+		copts = append(copts, nats.UserInfo(o.User, o.Password))
+	}
+	if o.TLSCAFile != "" {
+		copts = append(copts, nats.RootCAs(o.TLSCAFile))
+	}
+	if o.TLSCertFile != "" || o.TLSKeyFile != "" {
+		copts = append(copts, nats.ClientCert(o.TLSCertFile, o.TLSKeyFile))
+	}
+	url := ""
+	for i, u := range o.URLs {
+		if i > 0 {
+			url += ","
+		}
+		url += u
+	}
+	nc, err := nats.Connect(url, copts...)
+	if err != nil {
+		return fmt.Errorf("natsstore: connect: %w", err)
+	}
+	st.nc = nc
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("natsstore: jetstream: %w", err)
+	}
+	st.js = js
+	return nil
+}
+
+// provision creates (or updates) the zone's stream and buckets.
+func (st *Store) provision(ctx context.Context) error {
+	n, r := st.names, st.opts.Replicas
+	maxBytes := int64(-1)
+	if l := st.Limits(); l.MaxTotalBytes > 0 {
+		maxBytes = l.MaxTotalBytes
+	}
+	var ev jetstream.Stream
+	err := provisioning(ctx, func() (err error) {
+		ev, err = st.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name:     n.events,
+			Subjects: []string{n.evPrefix + ">"},
+			Storage:  jetstream.FileStorage,
+			Replicas: r,
+			// A full stream refuses the publish (backpressure); nothing leaves
+			// it but by an explicit purge. No MaxAge, no MaxMsgsPerSubject:
+			// both would evict silently.
+			Discard:     jetstream.DiscardNew,
+			MaxBytes:    maxBytes,
+			AllowDirect: true,
+			Duplicates:  2 * time.Minute,
+		})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("natsstore: stream %s: %w", n.events, err)
+	}
+	st.events = ev
+	buckets := []struct {
+		name string
+		ttl  bool // per-key TTLs (leases)
+		kv   *jetstream.KeyValue
+	}{
+		{n.sessions, false, nil}, {n.streams, false, nil}, {n.tombs, false, nil},
+		{n.leases, true, nil}, {n.meta, true, &st.meta},
+	}
+	kvs := make([]jetstream.KeyValue, len(buckets))
+	for i, b := range buckets {
+		cfg := jetstream.KeyValueConfig{Bucket: b.name, History: 1, Storage: jetstream.FileStorage, Replicas: r}
+		if b.ttl {
+			cfg.LimitMarkerTTL = 5 * time.Second // expiries reach the watches
+		}
+		var kv jetstream.KeyValue
+		err := provisioning(ctx, func() (err error) {
+			kv, err = st.js.CreateOrUpdateKeyValue(ctx, cfg)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("natsstore: bucket %s: %w", b.name, err)
+		}
+		kvs[i] = kv
+		if b.kv != nil {
+			*b.kv = kv
+		}
+	}
+	st.sessions = newMirror(kvs[0], nil, st.sessionChanged)
+	st.streams = newMirror(kvs[1], incarnationOf, st.streamChanged)
+	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
+	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
+	return nil
+}
+
+// provisioning retries fn while the cluster is still forming (no leader,
+// peers not yet known to it) until ctx ends.
+func provisioning(ctx context.Context, fn func() error) error {
+	for round := 0; ; round++ {
+		err := fn()
+		var api *jetstream.APIError
+		if err == nil || !transient(err) && !(errors.As(err, &api) && api.ErrorCode == errCodeNoPeers) {
+			return err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return err
+		}
+	}
+}
+
+// loadKey reads the zone secret, creating it if this is the zone's first
+// replica: every replica keys fingerprints and epochs with the same.
+func (st *Store) loadKey(ctx context.Context) error {
+	key := make([]byte, 32)
+	rand.Read(key)
+	err := provisioning(ctx, func() error {
+		_, err := st.meta.Create(ctx, "secret", key)
+		if err == nil {
+			st.key = key
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) {
+			return err
+		}
+		e, err := st.meta.Get(ctx, "secret")
+		if err != nil {
+			return err
+		}
+		st.key = e.Value()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("natsstore: zone secret: %w", err)
+	}
+	if len(st.key) != 32 {
+		return errors.New("natsstore: the zone secret is malformed")
+	}
+	return nil
+}
+
+// startMirrors starts the watches and waits for the records to load.
+func (st *Store) startMirrors(ctx context.Context) error {
+	onErr := func(err error) { st.fault("watch", err) }
+	var readies []<-chan struct{}
+	for _, w := range []func(context.Context, func(error)) (<-chan struct{}, error){
+		st.sessions.watch, st.streams.watch, st.tombs.watch, st.leases.watch,
+	} {
+		var r <-chan struct{}
+		err := provisioning(ctx, func() (err error) {
+			r, err = w(st.ctx, onErr)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("natsstore: watch: %w", err)
+		}
+		readies = append(readies, r)
+	}
+	for _, r := range readies {
+		select {
+		case <-r:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// ClientURL is the embedded server's loopback URL ("" without one), for
+// other replicas in the same host (tests) to connect to.
+func (st *Store) ClientURL() string {
+	if st.srv == nil {
+		return ""
+	}
+	return st.srv.ClientURL()
+}
+
+// MaxPayload is the largest message the servers take: an event must fit
+// one (with its ID line), so max_event_bytes must stay below it.
+func (st *Store) MaxPayload() int64 { return st.maxPayload - headerRoom }
+
+// fault reports a failed NATS operation.
+func (st *Store) fault(op string, err error) {
+	if err != nil && st.opts.OnError != nil {
+		st.opts.OnError(op, err)
+	}
+}
+
+// Close implements buffer.Store: this replica stops, the zone goes on.
+// Streams this replica produces are drained for DrainTimeout, then what is
+// left of them is flushed and failed (their clients learn it on any
+// replica); readers end; leases and consumers are released; the embedded
+// server, if any, shuts down. It may be called more than once.
+func (st *Store) Close() { st.closeOnce.Do(st.close) }
+
+func (st *Store) close() {
+	st.drain()
+	st.closing.Store(true)
+	for _, s := range st.handleList() {
+		s.leave()
+	}
+	st.held.releaseAll(st)
+	st.sweeper.release(st)
+	st.shutdown()
+}
+
+// shutdown stops the background work and the connection without releasing
+// anything: what a crash leaves behind (tests use it alone).
+func (st *Store) shutdown() {
+	st.closing.Store(true)
+	st.cancel()
+	st.wg.Wait()
+	if st.nc != nil {
+		st.nc.Close()
+	}
+	if st.srv != nil {
+		st.srv.Shutdown()
+		st.srv.WaitForShutdown()
+	}
+}
+
+// drain waits up to DrainTimeout for the streams this replica produces to
+// end by themselves.
+func (st *Store) drain() {
+	deadline := time.Now().Add(st.opts.DrainTimeout)
+	for time.Now().Before(deadline) {
+		busy := false
+		for _, s := range st.handleList() {
+			if s.producing() {
+				busy = true
+			}
+		}
+		if !busy {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (st *Store) handleList() []*session {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	out := make([]*session, 0, len(st.handles))
+	for _, s := range st.handles {
+		out = append(out, s)
+	}
+	return out
+}
+
+// Counters implements buffer.Store: this replica's counts.
+func (st *Store) Counters() *buffer.Counters { return &st.counters }
+
+// Key implements buffer.Store: the zone secret, the same on every replica.
+func (st *Store) Key() []byte { return st.key }
+
+// Limits returns the current limits.
+func (st *Store) Limits() buffer.Limits {
+	st.limMu.RLock()
+	defer st.limMu.RUnlock()
+	return st.limits
+}
+
+// SetLimits implements buffer.Store. A new max_total_bytes becomes the
+// events stream's MaxBytes.
+func (st *Store) SetLimits(l buffer.Limits) {
+	st.limMu.Lock()
+	old := st.limits
+	st.limits = l
+	st.limMu.Unlock()
+	if l.MaxTotalBytes != old.MaxTotalBytes && l.MaxTotalBytes > 0 {
+		ctx, cancel := context.WithTimeout(st.ctx, 10*time.Second)
+		defer cancel()
+		info, err := st.events.Info(ctx)
+		if err == nil {
+			cfg := info.Config
+			cfg.MaxBytes = l.MaxTotalBytes
+			_, err = st.js.UpdateStream(ctx, cfg)
+		}
+		st.fault("update_stream", err)
+	}
+	st.freed.fire()
+}
+
+// deliveryQuantum is how finely delivery times are kept: about 64 records
+// per window, so a stream record stays small; an event may stay up to a
+// quantum longer than its window.
+func (st *Store) deliveryQuantum() time.Duration {
+	return max(st.Limits().ResumeWindow/64, time.Millisecond)
+}

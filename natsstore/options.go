@@ -1,0 +1,150 @@
+// Package natsstore implements buffer.Store on NATS JetStream, so several
+// Caddy replicas share every session, stream and retained event, and a
+// restart or a rolling deploy loses nothing. DESIGN.md describes where each
+// piece of state lives and why.
+//
+// Every replica mirrors the zone's records (sessions, streams, tombstones,
+// producer leases) from KV watches, so reads are local; every write is a
+// compare-and-set on KV, so replicas never overwrite each other. Events are
+// stored in one JetStream stream, one message per batch of consecutive
+// events, and readers read them from JetStream only: a client never sees an
+// event the store has not accepted.
+package natsstore
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// Options configure a Store.
+type Options struct {
+	// URLs of the NATS servers to connect to. Ignored when Embedded is set.
+	URLs []string
+	// Embedded starts an in-process nats-server with JetStream and file
+	// storage in Dir, listening on loopback only, and connects in-process.
+	Embedded bool
+	Dir      string
+	// ServerLogs lets the embedded server log to stderr (off by default).
+	ServerLogs bool
+
+	// Replicas of every JetStream stream and KV bucket (1 or 3; default 1).
+	Replicas int
+
+	// Authentication (at most one of a credentials file, a token, or a user
+	// and password).
+	CredentialsFile string
+	Token           string
+	User, Password  string
+	// TLS: the CA that signs the servers' certificates, and a client
+	// certificate and key for mutual TLS.
+	TLSCAFile   string
+	TLSCertFile string
+	TLSKeyFile  string
+
+	// Prefix names the zone's streams, buckets and subjects (letters,
+	// digits, '_' and '-'; default "mcpr"). Zones sharing a NATS system need
+	// different prefixes.
+	Prefix string
+
+	Limits buffer.Limits
+	Hooks  buffer.Hooks
+
+	// SweepInterval is how often the sweeping replica evicts, expires and
+	// retires. Default 500ms.
+	SweepInterval time.Duration
+	// TombstoneTTL is how long ended sessions are remembered. Default 1h.
+	TombstoneTTL time.Duration
+	// MaxTombstones bounds the ended sessions remembered; default 4 x
+	// MaxSessions, at least 1024.
+	MaxTombstones int
+	// DrainTimeout is how long Close waits for this replica's producing
+	// streams to end by themselves before it fails them. Default 0: the
+	// Caddy glue drains before it closes the store.
+	DrainTimeout time.Duration
+	// ReplicaID names this replica in leases and reader entries. Default
+	// random.
+	ReplicaID string
+	// LeaseTTL is how long a producer lease or a reader entry outlives its
+	// replica: after it, another replica ends the dead producer's stream.
+	// Default 15s; at least 1s.
+	LeaseTTL time.Duration
+	// BatchBytes bounds a message of consecutive events. Default 256 KiB,
+	// at most the server's max_payload less room for headers.
+	BatchBytes int
+
+	// FailureSignals builds what a stream whose producer died gets appended
+	// before its end: a gap event and a JSON-RPC error for each request still
+	// waiting for its answer. The Caddy glue sets its own; the default
+	// builds the same shape.
+	FailureSignals func(reason policy.Reason, lastEventID string, pending []string) []buffer.Signal
+	// OnError, if set, is told of every failed NATS operation, by operation
+	// name (metrics, logs). It must not block.
+	OnError func(op string, err error)
+}
+
+var prefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+
+// Defaults.
+const (
+	defaultPrefix        = "mcpr"
+	defaultSweepInterval = 500 * time.Millisecond
+	defaultTombstoneTTL  = time.Hour
+	defaultLeaseTTL      = 15 * time.Second
+	defaultBatchBytes    = 256 << 10
+	embeddedMaxPayload   = 64 << 20
+	headerRoom           = 64 << 10 // what a batch's headers may take of a message
+)
+
+func (o *Options) setDefaults() error {
+	if o.Prefix == "" {
+		o.Prefix = defaultPrefix
+	}
+	if !prefixRE.MatchString(o.Prefix) {
+		return fmt.Errorf("natsstore: prefix %q: use 1 to 32 letters, digits, '_' or '-'", o.Prefix)
+	}
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.Embedded && o.Dir == "" {
+		return errors.New("natsstore: an embedded server needs a storage directory (Dir)")
+	}
+	if !o.Embedded && len(o.URLs) == 0 {
+		return errors.New("natsstore: no NATS URLs, and no embedded server")
+	}
+	if o.SweepInterval <= 0 {
+		o.SweepInterval = defaultSweepInterval
+	}
+	if o.TombstoneTTL <= 0 {
+		o.TombstoneTTL = defaultTombstoneTTL
+	}
+	if o.LeaseTTL <= 0 {
+		o.LeaseTTL = defaultLeaseTTL
+	}
+	o.LeaseTTL = max(o.LeaseTTL, time.Second) // per-key TTLs are whole seconds
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = defaultBatchBytes
+	}
+	if o.ReplicaID == "" {
+		b := make([]byte, 6)
+		rand.Read(b)
+		o.ReplicaID = hex.EncodeToString(b)
+	}
+	if o.FailureSignals == nil {
+		o.FailureSignals = defaultFailureSignals
+	}
+	return nil
+}
+
+func (o *Options) maxTombstones(l buffer.Limits) int {
+	if o.MaxTombstones > 0 {
+		return o.MaxTombstones
+	}
+	return max(4*l.MaxSessions, 1024)
+}

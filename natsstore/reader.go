@@ -1,0 +1,449 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// reader reads one stream for one client connection, from JetStream only
+// (an ordered consumer on the stream's subject, from the message holding
+// its position), so it hands out nothing the store has not accepted. It is
+// the stream's reader while the record names it; a record naming another
+// ends it (ErrTakenOver), on whichever replica that one attached.
+type reader struct {
+	s  *stream
+	st *Store
+	id string
+
+	once sync.Once
+	done chan struct{}
+	err  error // why done closed; set before close
+
+	// The consumer: made by Read, released by Close or the stream's end.
+	cmu      sync.Mutex
+	started  bool
+	released bool
+	cons     jetstream.Consumer
+	it       jetstream.MessagesContext
+
+	// Read's own state (one Read at a time).
+	msgs    chan jetstream.Msg
+	pumpErr chan error
+	cur     msgInfo // the message being handed out
+	curData []byte
+	lastMsg uint64 // stream sequence of the last message taken (or skipped)
+	endErr  error  // io.EOF or *FailedError once the end is reached
+	timer   *time.Timer
+
+	mu        sync.Mutex
+	next      uint64
+	delivered uint64    // highest seq delivered on this connection
+	sent      time.Time // when
+	syncing   bool
+	synced    uint64 // delivered, as last written
+	lastSync  time.Time
+}
+
+var _ buffer.Reader = (*reader)(nil)
+
+func newReader(s *stream, id string, from uint64) *reader {
+	return &reader{s: s, st: s.sess.st, id: id, next: from, done: make(chan struct{})}
+}
+
+func (r *reader) Done() <-chan struct{} { return r.done }
+
+func (r *reader) Next() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.next
+}
+
+// progress is how far the client got on this connection, and when.
+func (r *reader) progress() (uint64, time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.delivered, r.sent
+}
+
+// close ends the reader with err (first caller wins).
+func (r *reader) close(err error) {
+	r.once.Do(func() {
+		r.err = err
+		close(r.done)
+	})
+}
+
+func (r *reader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time.Duration) (buffer.Batch, error) {
+	for {
+		select {
+		case <-r.done:
+			return buffer.Batch{}, r.err
+		default:
+		}
+		rec, ok := r.s.record()
+		if !ok {
+			r.close(buffer.ErrSessionGone)
+			continue
+		}
+		r.mu.Lock()
+		next := r.next
+		r.mu.Unlock()
+		if next < rec.Floor {
+			return buffer.Batch{}, r.lost(next, rec.Floor-next)
+		}
+		if b, ok := r.take(dst, maxBytes); ok {
+			return b, nil
+		}
+		if r.endErr != nil {
+			return buffer.Batch{}, r.endErr
+		}
+		if rec.State != policy.Live && next > rec.Head {
+			r.endErr = endError(rec.State, rec.FailReason)
+			return buffer.Batch{}, r.endErr
+		}
+		if r.msgs == nil {
+			if err := r.start(rec, next); err != nil {
+				return buffer.Batch{}, err
+			}
+			continue
+		}
+		changed := r.s.changed.wait()
+		select {
+		case m := <-r.msgs:
+			if err := r.place(m); err != nil {
+				return buffer.Batch{}, err
+			}
+			continue
+		case err := <-r.pumpErr:
+			return buffer.Batch{}, fmt.Errorf("natsstore: reading the stream: %w", err)
+		default:
+		}
+		if r.s.kind == policy.StandaloneStream && r.producerGone() {
+			return buffer.Batch{}, buffer.ErrProducerGone
+		}
+		if err := r.wait(ctx, idle, changed); err != nil {
+			return buffer.Batch{}, err
+		}
+	}
+}
+
+// wait waits for a message, a change of the stream, the end, or idle.
+func (r *reader) wait(ctx context.Context, idle time.Duration, changed <-chan struct{}) error {
+	if r.timer == nil {
+		r.timer = time.NewTimer(idle)
+	} else {
+		r.timer.Reset(idle)
+	}
+	defer r.timer.Stop()
+	select {
+	case m := <-r.msgs:
+		return r.place(m)
+	case err := <-r.pumpErr:
+		return fmt.Errorf("natsstore: reading the stream: %w", err)
+	case <-changed:
+		return nil
+	case <-r.done:
+		return nil // Read returns r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.timer.C:
+		return buffer.ErrIdle
+	}
+}
+
+// start creates the consumer at the message holding position next.
+func (r *reader) start(rec *streamRecord, next uint64) error {
+	ctx, cancel := r.st.opCtx()
+	defer cancel()
+	at, last, err := r.st.locate(ctx, r.s.subject, next, rec.FloorMsg)
+	if err != nil {
+		return err
+	}
+	cfg := jetstream.OrderedConsumerConfig{
+		FilterSubjects:    []string{r.s.subject},
+		DeliverPolicy:     jetstream.DeliverAllPolicy,
+		InactiveThreshold: 30 * time.Second, // if this replica dies, the server cleans up
+	}
+	switch {
+	case at != nil:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, at.seq
+		r.lastMsg = at.seq - 1
+	case last != nil:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, last.seq+1
+		r.lastMsg = last.seq
+	}
+	cons, err := r.st.events.OrderedConsumer(ctx, cfg)
+	if err != nil {
+		r.st.fault("consumer", err)
+		return err
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(8))
+	if err != nil {
+		r.st.fault("consumer", err)
+		return err
+	}
+	r.cmu.Lock()
+	if r.released { // closed meanwhile
+		r.cmu.Unlock()
+		it.Stop()
+		r.deleteConsumer(cons)
+		return r.err
+	}
+	r.cons, r.it, r.started = cons, it, true
+	r.cmu.Unlock()
+	r.msgs, r.pumpErr = make(chan jetstream.Msg, 1), make(chan error, 1)
+	r.st.wg.Add(1)
+	go r.pump(it)
+	return nil
+}
+
+// pump moves messages from the consumer to Read, one at a time.
+func (r *reader) pump(it jetstream.MessagesContext) {
+	defer r.st.wg.Done()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				r.pumpErr <- err
+			}
+			return
+		}
+		select {
+		case r.msgs <- m:
+		case <-r.done:
+			return
+		}
+	}
+}
+
+// place takes a message as the one to hand out events from.
+func (r *reader) place(m jetstream.Msg) error {
+	md, err := m.Metadata()
+	if err != nil {
+		return err
+	}
+	info, err := parseMsg(md.Sequence.Stream, m.Headers(), m.Data())
+	if err != nil {
+		return err
+	}
+	r.lastMsg = info.seq
+	r.mu.Lock()
+	next := r.next
+	r.mu.Unlock()
+	if info.first > next {
+		// Events this reader still had to read are gone.
+		return r.lost(next, info.first-next)
+	}
+	if info.end != policy.Live {
+		r.endErr = endError(info.end, info.reason)
+		if rec, ok := r.s.record(); ok && rec.State == policy.Live {
+			// This replica's mirror has yet to hear of the end: read the
+			// record, so what the stream says agrees with its reader.
+			ctx, cancel := r.st.opCtx()
+			r.st.streams.fetch(ctx, r.s.key)
+			cancel()
+		}
+		return nil
+	}
+	r.cur, r.curData = info, m.Data()
+	return nil
+}
+
+// take hands out events of the current message from next on, at most
+// about maxBytes (at least one), as one slice of the message's payload
+// (which is never written again).
+func (r *reader) take(dst [][]byte, maxBytes int) (buffer.Batch, bool) {
+	data := r.curData
+	if data == nil {
+		return buffer.Batch{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := &r.cur
+	if r.next > m.last() {
+		r.curData = nil
+		return buffer.Batch{}, false
+	}
+	first := max(r.next, m.first)
+	start, end := m.span(first)
+	last := first
+	for last < m.last() {
+		_, e := m.span(last + 1)
+		if e-start > maxBytes {
+			break
+		}
+		last, end = last+1, e
+	}
+	r.next = last + 1
+	if last == m.last() {
+		r.curData = nil
+	}
+	return buffer.Batch{First: first, Last: last, Data: append(dst[:0], data[start:end:end])}, true
+}
+
+// lost reports events a reader still needed that are gone: a bug that
+// must never stay silent (the relay signals a gap).
+func (r *reader) lost(from, n uint64) error {
+	r.st.counters.EventsEvictedBeforeAck.Add(n)
+	if h := r.st.opts.Hooks.EvictedBeforeAck; h != nil {
+		h(r.s.sess.id, r.s.num, from, n)
+	}
+	return buffer.ErrBelowFloor
+}
+
+// producerGone reports, for the standalone stream, that no producer holds
+// it and the reader has read everything stored.
+func (r *reader) producerGone() bool {
+	if _, _, held := r.st.leases.get(r.s.key); held {
+		return false
+	}
+	if w := r.s.currentWriter(); w != nil {
+		if h, ok := w.assigned(); ok {
+			if s, _ := w.storedHead(); s < h {
+				return false // still storing what it appended
+			}
+		}
+	}
+	ctx, cancel := r.st.opCtx()
+	defer cancel()
+	last, err := r.st.lastMsg(ctx, r.s.subject)
+	if err != nil {
+		return false
+	}
+	return last == nil || last.seq <= r.lastMsg
+}
+
+func endError(state policy.StreamState, reason policy.Reason) error {
+	if state == policy.Complete {
+		return io.EOF
+	}
+	return &buffer.FailedError{Reason: reason}
+}
+
+// Delivered implements buffer.Reader. Deliveries reach the stream record
+// at most once per delivery quantum (and with the reader's heartbeat), so
+// a busy stream costs a few writes per second; until then they protect
+// events longer, never shorter.
+func (r *reader) Delivered(seq uint64) {
+	now := time.Now()
+	r.mu.Lock()
+	if seq <= r.delivered || seq >= r.next {
+		r.mu.Unlock()
+		return
+	}
+	r.delivered, r.sent = seq, now
+	wait := r.st.deliveryQuantum() - now.Sub(r.lastSync)
+	schedule := !r.syncing
+	r.syncing = true
+	r.mu.Unlock()
+	if schedule {
+		time.AfterFunc(max(wait, 0), func() { r.sync(false) })
+	}
+}
+
+// sync writes the reader's position and deliveries to the stream record
+// while the record names it; final removes it.
+func (r *reader) sync(final bool) {
+	r.mu.Lock()
+	if !final {
+		r.syncing = false
+	}
+	next, delivered, sent := r.next, r.delivered, r.sent
+	r.lastSync, r.synced = time.Now(), delivered
+	r.mu.Unlock()
+	select {
+	case <-r.done:
+		if !final {
+			return
+		}
+	default:
+	}
+	quantum := r.st.deliveryQuantum()
+	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+	defer cancel()
+	_, err := r.st.streams.update(ctx, r.s.key, func(rec *streamRecord) error {
+		if rec.Reader == nil || rec.Reader.ID != r.id {
+			return errUnchanged // taken over: this connection's deliveries no longer count
+		}
+		if delivered > rec.Delivered {
+			rec.delivered(delivered, sent.UnixNano(), quantum)
+		}
+		if final {
+			rec.Reader = nil
+		} else {
+			rec.Reader.Next, rec.Reader.At = max(rec.Reader.Next, next), time.Now().UnixNano()
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotFound) {
+		r.st.fault("reader", err)
+	}
+}
+
+// flushDeliveries writes deliveries not yet in the record, before another
+// connection takes the stream over (they decide where it starts).
+func (r *reader) flushDeliveries() {
+	r.mu.Lock()
+	behind := r.delivered > r.synced
+	r.mu.Unlock()
+	if behind {
+		r.sync(false)
+	}
+}
+
+// heartbeat refreshes the reader's entry, so no replica takes it for dead.
+func (r *reader) heartbeat() {
+	r.mu.Lock()
+	busy := r.syncing
+	r.mu.Unlock()
+	if !busy {
+		r.sync(false)
+	}
+}
+
+func (r *reader) Close() {
+	mine := r.s.removeReader(r)
+	r.close(io.ErrClosedPipe)
+	if mine {
+		r.sync(true)
+	}
+	r.release()
+	r.s.sess.Touch()
+}
+
+// release frees the reader's consumer once the reader is done.
+func (r *reader) release() {
+	r.cmu.Lock()
+	started, released := r.started, r.released
+	r.released = true
+	r.cmu.Unlock()
+	if !started || released {
+		return
+	}
+	r.it.Stop()
+	r.deleteConsumer(r.cons)
+}
+
+// deleteConsumer removes a consumer from the server (an ordered consumer
+// outlives Stop until its inactivity threshold otherwise).
+func (r *reader) deleteConsumer(cons jetstream.Consumer) {
+	name := cons.CachedInfo().Name
+	r.st.wg.Add(1)
+	go func() {
+		defer r.st.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := r.st.events.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			r.st.fault("delete_consumer", err)
+		}
+	}()
+}

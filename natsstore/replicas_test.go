@@ -1,0 +1,561 @@
+package natsstore
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// Two Stores on one server are two replicas of a zone.
+
+func testLimits() buffer.Limits {
+	return buffer.Limits{
+		MaxStreamBytes: 16 << 20, MaxSessionBytes: 64 << 20, MaxTotalBytes: 256 << 20,
+		MaxSessions: 1000, MaxStreamsPerSession: 100,
+		ResumeWindow: time.Minute, StallTimeout: time.Minute,
+	}
+}
+
+// startServer runs a JetStream server on loopback for stores to share.
+func startServer(t testing.TB, dir string) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{JetStream: true, Host: "127.0.0.1", Port: server.RANDOM_PORT,
+		StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: embeddedMaxPayload, MaxPending: embeddedMaxPayload})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(20 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+// openAt opens a replica connected to urls.
+func openAt(t testing.TB, urls []string, mod ...func(*Options)) *Store {
+	t.Helper()
+	opts := Options{URLs: urls, Limits: testLimits(), SweepInterval: 20 * time.Millisecond}
+	for _, m := range mod {
+		m(&opts)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := Open(ctx, opts)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(st.Close)
+	return st
+}
+
+// crash stops a replica as a killed process would: nothing is flushed,
+// released or ended.
+func crash(st *Store) { st.closeOnce.Do(st.shutdown) }
+
+func waitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func appendEvents(t testing.TB, str buffer.Stream, from, to uint64) {
+	t.Helper()
+	for seq := from; seq <= to; seq++ {
+		got, err := str.Append(context.Background(), []byte(fmt.Sprintf("data: event %d\n", seq)), nil)
+		if err != nil || got != seq {
+			t.Fatalf("append %d: %d %v", seq, got, err)
+		}
+	}
+}
+
+// readSeqs reads until n events or the end, checking each event's bytes.
+func readSeqs(t testing.TB, r buffer.Reader, epoch string, num uint32, from uint64, n int) ([]uint64, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var seqs []uint64
+	for len(seqs) < n {
+		b, err := r.Read(ctx, nil, 1<<20, time.Hour)
+		var all []byte
+		for _, d := range b.Data {
+			all = append(all, d...)
+		}
+		for seq := b.First; len(b.Data) > 0 && seq <= b.Last; seq++ {
+			want := "id: " + eventid.ID{Epoch: epoch, Stream: num, Seq: seq}.String() + "\n" + fmt.Sprintf("data: event %d\n\n", seq)
+			if !bytes.HasPrefix(all, []byte(want)) {
+				t.Fatalf("event %d: got %q, want %q", seq, all[:min(len(all), len(want))], want)
+			}
+			all = all[len(want):]
+			seqs = append(seqs, seq)
+		}
+		if err != nil {
+			return seqs, err
+		}
+	}
+	return seqs, nil
+}
+
+func checkRun(t testing.TB, seqs []uint64, from, to uint64) {
+	t.Helper()
+	if len(seqs) != int(to-from+1) {
+		t.Fatalf("read %d events, want %d..%d", len(seqs), from, to)
+	}
+	for i, s := range seqs {
+		if s != from+uint64(i) {
+			t.Fatalf("event %d is seq %d, want %d", i, s, from+uint64(i))
+		}
+	}
+}
+
+// A stream appended on A is resumed on B: exactly the rest, then live as
+// A appends, then its end.
+func TestResumeOnAnotherReplica(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	if !bytes.Equal(a.Key(), b.Key()) {
+		t.Fatal("replicas have different zone secrets")
+	}
+	sa, err := a.CreateSession("sess", buffer.SessionMeta{Version: "2025-06-18"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	appendEvents(t, str, 1, 10)
+	var sb buffer.Session
+	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	if sb.Epoch() != sa.Epoch() || !eventid.Minted(b.Key(), "sess", sb.Epoch()) {
+		t.Fatal("B sees another epoch")
+	}
+	stB, ok := sb.Stream(str.Num())
+	if !ok {
+		t.Fatal("B does not know the stream")
+	}
+	// The client saw 1..4 on A, then reconnected to B.
+	waitUntil(t, "B to see the head", 10*time.Second, func() bool { return stB.View().Head == 10 })
+	in := policy.ResumeInput{SessionHeader: true,
+		Session: policy.SessionView{Known: true, Epoch: sb.Epoch(), NextStream: sb.NextStream()},
+		Cursor:  policy.Cursor{Valid: true, Minted: true, Epoch: sb.Epoch(), Stream: str.Num(), Seq: 4}}
+	d, r, err := stB.Resume(4, func(v policy.StreamView) policy.Resume { in.Stream = &v; return policy.DecideResume(in) })
+	if err != nil || d.Kind != policy.Replay || d.From != 5 || r == nil {
+		t.Fatalf("resume on B: %+v %v", d, err)
+	}
+	defer r.Close()
+	seqs, err := readSeqs(t, r, sb.Epoch(), str.Num(), 5, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, seqs, 5, 10)
+	go func() {
+		appendEvents(t, str, 11, 30)
+		str.Complete()
+	}()
+	seqs, err = readSeqs(t, r, sb.Epoch(), str.Num(), 11, 100)
+	if err != io.EOF {
+		t.Fatalf("end of the stream on B: %v", err)
+	}
+	checkRun(t, seqs, 11, 30)
+	if v := stB.View(); v.State != policy.Complete || v.Floor != 5 {
+		t.Fatalf("B's view at the end: %+v", v)
+	}
+}
+
+// A client that moves to B takes the stream over from its connection on A.
+func TestTakeoverAcrossReplicas(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	appendEvents(t, str, 1, 3)
+	ra, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSeqs(t, ra, sa.Epoch(), 1, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	waiting := make(chan error, 1)
+	go func() {
+		_, err := ra.Read(context.Background(), nil, 1<<20, time.Minute)
+		waiting <- err
+	}()
+	var sb buffer.Session
+	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	stB, _ := sb.Stream(1)
+	rb, err := stB.Attach(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	select {
+	case err := <-waiting:
+		if !errors.Is(err, buffer.ErrTakenOver) {
+			t.Fatalf("A's reader ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("A's reader goes on after the takeover on B")
+	}
+	ra.Close()
+	if !stB.Connected() || !str.Connected() {
+		t.Fatal("closing A's reader detached B's")
+	}
+	seqs, err := readSeqs(t, rb, sb.Epoch(), 1, 2, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, seqs, 2, 3)
+}
+
+// Deleting on A ends the session on B: its context, its readers.
+func TestDeleteAcrossReplicas(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	appendEvents(t, str, 1, 3)
+	var sb buffer.Session
+	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	stB, _ := sb.Stream(1)
+	rb, _ := stB.Attach(1)
+	defer rb.Close()
+	if _, err := readSeqs(t, rb, sb.Epoch(), 1, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	if !a.Delete("sess", policy.ReasonDeleted) {
+		t.Fatal("Delete")
+	}
+	select {
+	case <-sb.Context().Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("B's session context goes on")
+	}
+	select {
+	case <-rb.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("B's reader goes on")
+	}
+	if _, err := rb.Read(context.Background(), nil, 1<<20, time.Second); !errors.Is(err, buffer.ErrSessionGone) {
+		t.Fatalf("B's reader: %v", err)
+	}
+	if _, ok := b.Session("sess"); ok {
+		t.Fatal("B still holds the session")
+	}
+	if tomb, ok := b.Tombstone("sess"); !ok || tomb.Reason != policy.ReasonDeleted {
+		t.Fatalf("B's tombstone %+v %v", tomb, ok)
+	}
+	if _, err := str.Append(context.Background(), []byte("data: late\n"), nil); !errors.Is(err, buffer.ErrStreamEnded) {
+		t.Fatalf("append on A after the delete: %v", err)
+	}
+}
+
+// A restart (the store and its embedded server closed, opened again on the
+// same directory) keeps sessions, tombstones, retained events and the
+// zone secret.
+func TestRestartKeepsTheZone(t *testing.T) {
+	dir := t.TempDir()
+	st := openEmbedded(t, testLimits(), func(o *Options) { o.Dir = dir })
+	key := append([]byte(nil), st.Key()...)
+	s, _ := st.CreateSession("kept", buffer.SessionMeta{Version: "2025-11-25", BindHeaders: []string{"Authorization"}})
+	str, _ := s.NewStream([]string{"7"}, [32]byte{7})
+	appendEvents(t, str, 1, 5)
+	str.Complete()
+	g := s.Standalone()
+	g.ClaimProducer()
+	appendEvents(t, g, 1, 2)
+	g.SetUpstreamCursor("up-2")
+	g.ReleaseProducer()
+	gone, _ := st.CreateSession("gone", buffer.SessionMeta{})
+	gone.NewStream([]string{"1"}, [32]byte{1})
+	st.Delete("gone", policy.ReasonPurged)
+	epoch := s.Epoch()
+	st.Close()
+
+	st2 := openEmbedded(t, testLimits(), func(o *Options) { o.Dir = dir })
+	if !bytes.Equal(st2.Key(), key) {
+		t.Fatal("the zone secret changed")
+	}
+	s2, ok := st2.Session("kept")
+	if !ok || s2.Epoch() != epoch || s2.Meta().Version != "2025-11-25" || s2.NextStream() != 2 {
+		t.Fatalf("session after restart: %v %+v", ok, s2)
+	}
+	if tomb, ok := st2.Tombstone("gone"); !ok || tomb.Reason != policy.ReasonPurged || len(tomb.Streams) != 1 {
+		t.Fatalf("tombstone after restart: %+v %v", tomb, ok)
+	}
+	str2, ok := s2.Stream(1)
+	if !ok || str2.View().State != policy.Complete || str2.View().Head != 5 {
+		t.Fatalf("stream after restart: %v %+v", ok, str2.View())
+	}
+	r, _ := str2.Attach(1)
+	defer r.Close()
+	seqs, err := readSeqs(t, r, epoch, 1, 1, 100)
+	if err != io.EOF {
+		t.Fatalf("end: %v", err)
+	}
+	checkRun(t, seqs, 1, 5)
+	g2 := s2.Standalone()
+	if g2.UpstreamCursor() != "up-2" || g2.View().Head != 2 {
+		t.Fatalf("standalone after restart: %q %+v", g2.UpstreamCursor(), g2.View())
+	}
+	if !g2.ClaimProducer() {
+		t.Fatal("the standalone stream's lease outlived the restart")
+	}
+	appendEvents(t, g2, 3, 4)
+	rg, _ := g2.Attach(1)
+	defer rg.Close()
+	seqs, err = readSeqs(t, rg, epoch, 0, 1, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRun(t, seqs, 1, 4)
+	g2.ReleaseProducer()
+}
+
+// A producer that disappears (its replica killed) leaves its request
+// stream live with no lease: the sweeper elsewhere fails it with the
+// failure signals and the end marker, and a reader on B ends with
+// FailedError(upstream_failed) after them.
+func TestDeadProducerFailedBySweeper(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	short := func(o *Options) { o.LeaseTTL = time.Second }
+	a := openAt(t, []string{srv.ClientURL()}, short)
+	b := openAt(t, []string{srv.ClientURL()}, short)
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, _ := sa.NewStream([]string{"1", `"two"`}, [32]byte{1})
+	if !str.ClaimProducer() {
+		t.Fatal("ClaimProducer")
+	}
+	appendEvents(t, str, 1, 3)
+	if _, err := str.Append(context.Background(), []byte("data: event 4\n"), []string{"1"}); err != nil {
+		t.Fatal(err)
+	}
+	str.(*stream).currentWriter().waitStored(10 * time.Second)
+	var sb buffer.Session
+	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	stB, _ := sb.Stream(1)
+	rb, _ := stB.Attach(1)
+	defer rb.Close()
+	if _, err := readSeqs(t, rb, sb.Epoch(), 1, 1, 4); err != nil {
+		t.Fatal(err)
+	}
+	crash(a)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var signals []byte
+	var err error
+	for {
+		var batch buffer.Batch
+		batch, err = rb.Read(ctx, nil, 1<<20, time.Hour)
+		for _, d := range batch.Data {
+			signals = append(signals, d...)
+		}
+		if err != nil {
+			break
+		}
+	}
+	var fe *buffer.FailedError
+	if !errors.As(err, &fe) || fe.Reason != policy.ReasonUpstreamFailed {
+		t.Fatalf("B's reader ended with %v", err)
+	}
+	text := string(signals)
+	gapID := eventid.ID{Epoch: sb.Epoch(), Stream: 1, Seq: 5}.String()
+	lastID := eventid.ID{Epoch: sb.Epoch(), Stream: 1, Seq: 4}.String()
+	if !strings.HasPrefix(text, "id: "+gapID+"\nevent: gap\ndata: {\"lastEventId\":\""+lastID+"\",\"lost\":-1,\"reason\":\"upstream_failed\"}\n\n") {
+		t.Fatalf("signals %q", text)
+	}
+	if !strings.Contains(text, `"id":"two","error":{"code":-32010`) || strings.Contains(text, `"id":1,`) {
+		t.Fatalf("the pending request must get an error, the answered one none: %q", text)
+	}
+	v := stB.View()
+	if v.State != policy.Failed || v.Head != 6 || v.Requests[0].AnsweredAt != 4 || v.Requests[1].AnsweredAt != 6 {
+		t.Fatalf("view after the sweeper: %+v", v)
+	}
+	if n := b.Counters().FailedStreams()[policy.ReasonUpstreamFailed]; n != 1 {
+		t.Fatalf("B's FailedStreams[upstream_failed] = %d", n)
+	}
+}
+
+// The standalone stream is one log for the session's life, fed by
+// successive upstream GETs on whichever replica: each producer goes on
+// from what the last one stored.
+func TestStandaloneProducerMoves(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	var sb buffer.Session
+	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	ga, gb := sa.Standalone(), sb.Standalone()
+	produce := func(g buffer.Stream, from, to uint64) {
+		t.Helper()
+		waitUntil(t, "the producer lease", 10*time.Second, g.ClaimProducer)
+		appendEvents(t, g, from, to)
+		g.ReleaseProducer()
+	}
+	produce(ga, 1, 3)
+	produce(gb, 4, 6)
+	produce(ga, 7, 8)
+	r, _ := gb.Attach(1)
+	defer r.Close()
+	seqs, err := readSeqs(t, r, sb.Epoch(), 0, 1, 100)
+	if !errors.Is(err, buffer.ErrProducerGone) {
+		t.Fatalf("end: %v", err)
+	}
+	checkRun(t, seqs, 1, 8)
+	if n := a.Counters().EventsEvictedBeforeAck.Load() + b.Counters().EventsEvictedBeforeAck.Load(); n != 0 {
+		t.Fatalf("EventsEvictedBeforeAck = %d", n)
+	}
+}
+
+// Close releases what the replica held: its producer leases (another
+// replica may produce), its consumers, its readers' entries; and the
+// live request streams it produced fail loudly, where any replica sees.
+func TestCloseReleases(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	g := sa.Standalone()
+	if !g.ClaimProducer() {
+		t.Fatal("ClaimProducer")
+	}
+	appendEvents(t, g, 1, 2)
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	str.ClaimProducer()
+	appendEvents(t, str, 1, 2)
+	r, _ := str.Attach(1)
+	if _, err := readSeqs(t, r, sa.Epoch(), 1, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if info, _ := b.events.Info(ctx); info.State.Consumers != 1 {
+		t.Fatalf("%d consumers while A reads", info.State.Consumers)
+	}
+	a.Close()
+	select {
+	case <-r.Done():
+	default:
+		t.Fatal("A's reader goes on after Close")
+	}
+	sb, ok := b.Session("sess")
+	if !ok {
+		t.Fatal("the session went with A")
+	}
+	if !sb.Standalone().ClaimProducer() {
+		t.Fatal("A's standalone lease outlived its Close")
+	}
+	sb.Standalone().ReleaseProducer()
+	stB, _ := sb.Stream(1)
+	waitUntil(t, "the records to settle", 10*time.Second, func() bool {
+		v := stB.View() // 1..2, then the gap event and the error for request 1
+		return !stB.Connected() && v.State == policy.Failed && v.Head == 4 && v.Requests[0].AnsweredAt == 4
+	})
+	waitUntil(t, "A's consumer to go", 10*time.Second, func() bool {
+		info, err := b.events.Info(ctx)
+		return err == nil && info.State.Consumers == 0
+	})
+}
+
+// Backpressure across replicas: a producer on A whose stream is full
+// waits while its client reads on B at full speed (not a stall, though the
+// window is longer than the stall timeout), and goes on as the window
+// releases what B delivered; a resume on B acknowledging frees it at once.
+func TestBackpressureAcrossReplicas(t *testing.T) {
+	srv := startServer(t, t.TempDir())
+	lim := testLimits()
+	lim.MaxStreamBytes = 4 << 10
+	lim.ResumeWindow = 500 * time.Millisecond
+	lim.StallTimeout = 200 * time.Millisecond
+	withLim := func(o *Options) { o.Limits = lim }
+	a, b := openAt(t, []string{srv.ClientURL()}, withLim), openAt(t, []string{srv.ClientURL()}, withLim)
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	var sb buffer.Session
+	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	stB, _ := sb.Stream(1)
+	rb, _ := stB.Attach(1)
+	defer rb.Close()
+	big := bytes.Repeat([]byte("x"), 1000)
+	const n = 12
+	done := make(chan error, 1)
+	go func() {
+		for seq := uint64(1); seq <= n; seq++ {
+			if _, err := str.Append(context.Background(), append(append([]byte("data: "), big...), '\n'), nil); err != nil {
+				done <- fmt.Errorf("append %d: %w", seq, err)
+				return
+			}
+		}
+		done <- nil
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for got := uint64(0); got < n; {
+		batch, err := rb.Read(ctx, nil, 1<<20, time.Hour)
+		if err != nil {
+			t.Fatalf("read after %d: %v", got, err)
+		}
+		got = batch.Last
+		rb.Delivered(got)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if a.Counters().Stalls.Load() == 0 {
+		t.Fatal("no append waited: the bound was not exercised")
+	}
+	if n := a.Counters().FailedStreams()[policy.ReasonStalled]; n != 0 {
+		t.Fatalf("a client reading at full speed on B was failed as stalled %d times", n)
+	}
+
+	// Full again, of events no one reads: a resume on B that acknowledges
+	// frees A.
+	rb.Close()
+	lim.StallTimeout = time.Minute
+	a.SetLimits(lim)
+	waitUntil(t, "the window to release what B read", 10*time.Second, func() bool { return stB.View().Floor == n+1 })
+	var blocked chan error
+	for seq := uint64(n + 1); blocked == nil; seq++ {
+		ch := make(chan error, 1)
+		go func() {
+			_, err := str.Append(context.Background(), append(append([]byte("data: "), big...), '\n'), nil)
+			ch <- err
+		}()
+		select {
+		case err := <-ch:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(300 * time.Millisecond):
+			blocked = ch
+		}
+	}
+	head := str.View().Head
+	waitUntil(t, "B to see the head", 10*time.Second, func() bool { return stB.View().Head == head })
+	if _, r, err := stB.Resume(head, func(policy.StreamView) policy.Resume {
+		return policy.Resume{Kind: policy.Gap, Then: policy.ThenEnd}
+	}); err != nil || r != nil {
+		t.Fatalf("resume on B: %v %v", r, err)
+	}
+	select {
+	case err := <-blocked:
+		if err != nil {
+			t.Fatalf("append after the ack on B: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("A's append still blocked after the ack on B")
+	}
+}

@@ -1,0 +1,102 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// transient reports an error that may pass if the operation is retried:
+// the connection is down or reconnecting, a leader is being elected, a
+// reply was lost. An ambiguous failure may have succeeded; every retried
+// write is made safe to repeat (message IDs, compare-and-set).
+func transient(err error) bool {
+	switch {
+	case err == nil:
+		return false
+	case errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, jetstream.ErrMsgIteratorClosed):
+		return false
+	case errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrConnectionReconnecting), errors.Is(err, nats.ErrDisconnected),
+		errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrConnectionDraining):
+		return true
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return api.Code == 503 || api.Code == 408 // no leader yet, or the cluster is busy
+	}
+	return false
+}
+
+// Error codes of the JetStream API that the store acts on.
+const (
+	errCodeStoreFull         = 10077 // DiscardNew and MaxBytes reached: backpressure
+	errCodeWrongLastSequence = 10071
+	errCodeNoPeers           = 10005 // a forming cluster: no suitable peers for placement yet
+)
+
+// isStoreFull reports a publish refused because the events stream is full.
+func isStoreFull(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && api.ErrorCode == errCodeStoreFull
+}
+
+// isWrongLast reports a publish refused because the subject's last message
+// is not the one expected: another writer (or this one's retried publish)
+// got there first.
+func isWrongLast(err error) bool {
+	var api *jetstream.APIError
+	return errors.As(err, &api) && (api.ErrorCode == errCodeWrongLastSequence ||
+		api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// backoff is the wait before retry round n (from 0): 10ms growing to 1s.
+func backoff(n int) time.Duration {
+	d := 10 * time.Millisecond
+	for i := 0; i < n && d < time.Second; i++ {
+		d *= 2
+	}
+	return min(d, time.Second)
+}
+
+// sleepCtx waits d; false if ctx ended first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// signal wakes every waiter at once: a waiter takes the channel, then
+// checks its condition, then waits on the channel; fire closes it.
+type signal struct {
+	mu sync.Mutex
+	ch chan struct{}
+}
+
+func (s *signal) wait() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ch == nil {
+		s.ch = make(chan struct{})
+	}
+	return s.ch
+}
+
+func (s *signal) fire() {
+	s.mu.Lock()
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
+	s.mu.Unlock()
+}

@@ -1,0 +1,309 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// session is this replica's handle of one session incarnation. What it
+// knows lives in the zone's records; the handle holds what is local: the
+// context detached upstream reads use, and the stream handles.
+type session struct {
+	st      *Store
+	id      string
+	sh      string // subject token
+	epoch   string
+	inc     string // <sh>.<epoch>: keys of its streams begin with it
+	meta    buffer.SessionMeta
+	created time.Time
+	ctx     context.Context
+	cancel  context.CancelFunc
+
+	touched atomic.Int64 // unix nanos of the last activity written
+
+	mu      sync.Mutex
+	streams map[uint32]*stream
+}
+
+var _ buffer.Session = (*session)(nil)
+
+func newSession(st *Store, rec *sessionRecord) *session {
+	s := &session{st: st, id: rec.ID, sh: sessionToken(rec.ID), epoch: rec.Epoch, meta: rec.meta(),
+		created: time.Unix(0, rec.Created), streams: make(map[uint32]*stream)}
+	s.inc = s.sh + "." + s.epoch
+	s.ctx, s.cancel = context.WithCancel(st.ctx)
+	s.touched.Store(rec.LastActive)
+	return s
+}
+
+func (s *session) ID() string               { return s.id }
+func (s *session) Epoch() string            { return s.epoch }
+func (s *session) Context() context.Context { return s.ctx }
+
+// record is the session's record, if the zone still holds this incarnation.
+func (s *session) record() (*sessionRecord, bool) {
+	r, _, ok := s.st.sessions.get(s.sh)
+	if !ok || r.Epoch != s.epoch {
+		return nil, false
+	}
+	return r, true
+}
+
+func (s *session) gone() bool {
+	if s.ctx.Err() != nil {
+		return true
+	}
+	_, ok := s.record()
+	return !ok
+}
+
+func (s *session) Meta() buffer.SessionMeta {
+	if r, ok := s.record(); ok {
+		return r.meta()
+	}
+	return s.meta
+}
+
+func (s *session) Past(epoch string) (buffer.Past, bool) {
+	if r, ok := s.record(); ok {
+		for _, p := range r.Past {
+			if p.Epoch == epoch {
+				return p, true
+			}
+		}
+	}
+	return buffer.Past{}, false
+}
+
+func (s *session) NextStream() uint32 {
+	if r, ok := s.record(); ok {
+		return r.NextStream
+	}
+	return 1
+}
+
+func (s *session) Standalone() buffer.Stream {
+	return s.stream(policy.StandaloneNum, policy.StandaloneStream)
+}
+
+// stream returns the handle of stream num (made on first use).
+func (s *session) stream(num uint32, kind policy.StreamKind) *stream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if str := s.streams[num]; str != nil {
+		return str
+	}
+	str := newStream(s, num, kind)
+	s.streams[num] = str
+	s.st.byKey.Store(str.key, str)
+	if s.ctx.Err() != nil {
+		str.end(buffer.ErrSessionGone)
+	}
+	return str
+}
+
+// streamList returns the stream handles made here, standalone first.
+func (s *session) streamList() []*stream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*stream, 0, len(s.streams))
+	for _, str := range s.streams {
+		out = append(out, str)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].num < out[j].num })
+	return out
+}
+
+// liveRequests counts the session's live request streams, on any replica.
+func (s *session) liveRequests() int {
+	n := 0
+	for _, key := range s.st.streams.keysOf(s.inc) {
+		if r, _, ok := s.st.streams.get(key); ok && r.Kind == policy.RequestStream && r.State == policy.Live {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *session) AdmitStream() bool {
+	return policy.AdmitStream(s.liveRequests(), s.st.Limits().MaxStreamsPerSession)
+}
+
+// NewStream implements buffer.Session. The stream's number comes from a
+// compare-and-set on the session record, so replicas never hand out one
+// twice; its producer lease is taken before its record exists, so no
+// sweeper takes it for a stream whose producer died.
+func (s *session) NewStream(ids []string, key [32]byte) (buffer.Stream, error) {
+	st := s.st
+	if s.gone() {
+		return nil, buffer.ErrSessionGone
+	}
+	if !policy.AdmitStream(s.liveRequests(), st.Limits().MaxStreamsPerSession) {
+		return nil, buffer.ErrTooManyStreams
+	}
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	var num uint32
+	_, err := st.sessions.update(ctx, s.sh, func(r *sessionRecord) error {
+		if r.Epoch != s.epoch {
+			return errNotFound
+		}
+		num = r.NextStream
+		r.NextStream++
+		return nil
+	})
+	if errors.Is(err, errNotFound) {
+		return nil, buffer.ErrSessionGone
+	}
+	if err != nil {
+		st.fault("new_stream", err)
+		return nil, err
+	}
+	skey := streamKey(s.sh, s.epoch, num)
+	if ok, err := st.acquire(skey, nil); !ok {
+		if err == nil {
+			err = errors.New("natsstore: the new stream's lease is taken")
+		}
+		return nil, err
+	}
+	rec := &streamRecord{Kind: policy.RequestStream, Floor: 1, Key: key[:], Opened: true, Created: time.Now().UnixNano()}
+	for _, id := range ids {
+		rec.Requests = append(rec.Requests, policy.RequestView{ID: id})
+	}
+	if _, err := st.streams.create(ctx, skey, rec); err != nil {
+		st.release(skey)
+		st.fault("new_stream", err)
+		return nil, err
+	}
+	str := s.stream(num, policy.RequestStream)
+	if s.gone() {
+		return nil, buffer.ErrSessionGone
+	}
+	return str, nil
+}
+
+func (s *session) Stream(num uint32) (buffer.Stream, bool) {
+	if num == policy.StandaloneNum {
+		return s.Standalone(), true
+	}
+	key := streamKey(s.sh, s.epoch, num)
+	if _, _, ok := s.st.streams.get(key); !ok {
+		// Opened on another replica a moment ago, or retired.
+		ctx, cancel := context.WithTimeout(s.st.ctx, 2*time.Second)
+		_, _, ok = s.st.streams.lookup(ctx, key)
+		cancel()
+		if !ok {
+			return nil, false
+		}
+	}
+	return s.stream(num, policy.RequestStream), true
+}
+
+// StreamByKey implements buffer.Session: the latest stream of the request.
+func (s *session) StreamByKey(key [32]byte) (buffer.Stream, bool) {
+	var found uint32
+	for _, k := range s.st.streams.keysOf(s.inc) {
+		r, _, ok := s.st.streams.get(k)
+		if ok && r.Kind == policy.RequestStream && string(r.Key) == string(key[:]) {
+			found = max(found, keyNum(k))
+		}
+	}
+	if found == 0 {
+		return nil, false
+	}
+	return s.stream(found, policy.RequestStream), true
+}
+
+func (s *session) Confirm() {
+	r, ok := s.record()
+	if !ok || r.Origin != policy.Adopted || r.Confirmed {
+		return
+	}
+	ctx, cancel := s.st.opCtx()
+	defer cancel()
+	_, err := s.st.sessions.update(ctx, s.sh, func(r *sessionRecord) error {
+		if r.Epoch != s.epoch || r.Confirmed {
+			return errUnchanged
+		}
+		r.Confirmed = true
+		return nil
+	})
+	s.st.fault("confirm", err)
+}
+
+// Touch implements buffer.Session. It writes at most once per tenth of the
+// idle timeout; the sweeper allows for that before it expires a session,
+// so a session never expires early.
+func (s *session) Touch() {
+	now := time.Now().UnixNano()
+	slack := int64(s.st.Limits().SessionIdleTimeout / 10)
+	if last := s.touched.Load(); now-last < slack || !s.touched.CompareAndSwap(last, now) {
+		return
+	}
+	ctx, cancel := s.st.opCtx()
+	defer cancel()
+	_, err := s.st.sessions.update(ctx, s.sh, func(r *sessionRecord) error {
+		if r.Epoch != s.epoch {
+			return errUnchanged
+		}
+		r.LastActive = max(r.LastActive, now)
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotFound) {
+		s.st.fault("touch", err)
+	}
+}
+
+func (s *session) Info() buffer.SessionInfo {
+	if r, ok := s.record(); ok {
+		return s.st.sessionInfo(r)
+	}
+	return buffer.SessionInfo{ID: s.id, Epoch: s.epoch, Version: s.meta.Version, Origin: s.meta.Origin.String(),
+		Created: s.created}
+}
+
+// producing reports whether this replica still feeds a stream of it.
+func (s *session) producing() bool {
+	for _, str := range s.streamList() {
+		if str.producing.Load() {
+			return true
+		}
+	}
+	return false
+}
+
+// flush waits until the producers here have stored what they accepted.
+func (s *session) flush() {
+	for _, str := range s.streamList() {
+		str.currentWriter().waitStored(s.st.endTimeout())
+	}
+}
+
+// end stops everything of the session here: it ended (err is
+// ErrSessionGone). Readers end, appends stop, the context is cancelled.
+func (s *session) end(err error) {
+	s.cancel()
+	for _, str := range s.streamList() {
+		str.end(err)
+	}
+}
+
+// leave is what a closing store does with a session that lives on: its
+// producers are flushed, live request streams failed (their clients learn
+// it on any replica), readers ended, leases released.
+func (s *session) leave() {
+	for _, str := range s.streamList() {
+		str.leave()
+	}
+	s.cancel()
+	for _, str := range s.streamList() {
+		str.end(buffer.ErrSessionGone)
+	}
+}

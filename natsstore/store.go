@@ -1,0 +1,449 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// maxPast bounds the earlier incarnations a session remembers, as the
+// memory store's does.
+const maxPast = 4
+
+// opTimeout bounds one store operation's NATS round trips (with retries).
+const opTimeout = 10 * time.Second
+
+func (st *Store) opCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(st.ctx, opTimeout)
+}
+
+// session returns the record of session id, if the zone holds it.
+func (st *Store) sessionRecord(id string) (*sessionRecord, uint64, bool) {
+	rec, rev, ok := st.sessions.get(sessionToken(id))
+	if !ok || rec.ID != id {
+		return nil, 0, false
+	}
+	return rec, rev, true
+}
+
+// sessionCounts counts the zone's sessions as admission needs them.
+func (st *Store) sessionCounts() policy.SessionCounts {
+	var c policy.SessionCounts
+	st.sessions.each(func(_ string, r *sessionRecord, _ uint64) {
+		switch r.origin() {
+		case policy.Adopted:
+			c.Adopted++
+		case policy.Untapped:
+			c.Untapped++
+		default:
+			c.Sessions++
+		}
+	})
+	c.MaxSessions = st.Limits().MaxSessions
+	return c
+}
+
+// Admit implements buffer.Store. Across replicas it is as exact as the
+// mirrors are current: two replicas may admit the last place at once.
+func (st *Store) Admit(o policy.SessionOrigin) bool {
+	return policy.AdmitSession(o, st.sessionCounts())
+}
+
+// CreateSession implements buffer.Store. The KV create decides between
+// concurrent creates of one ID on any replicas.
+func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Session, error) {
+	sh := sessionToken(id)
+	if rec, _, ok := st.sessions.get(sh); ok {
+		if rec.ID == id {
+			return nil, buffer.ErrSessionExists
+		}
+		return nil, fmt.Errorf("natsstore: session ID hash collision")
+	}
+	if !policy.AdmitSession(meta.Origin, st.sessionCounts()) {
+		return nil, buffer.ErrTooManySessions
+	}
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	now := time.Now().UnixNano()
+	rec := &sessionRecord{ID: id, Epoch: eventid.NewEpoch(st.key, id), Version: meta.Version,
+		Fingerprint: meta.Fingerprint[:], BindHeaders: meta.BindHeaders, Origin: meta.Origin,
+		Created: now, LastActive: now, NextStream: 1}
+	tomb, tombRev, hasTomb := st.tombs.get(sh)
+	if hasTomb && tomb.ID == id {
+		rec.Past = append([]buffer.Past{tomb.Past}, tomb.Earlier...)
+		if len(rec.Past) > maxPast {
+			rec.Past = rec.Past[:maxPast]
+		}
+	}
+	// The standalone stream's record first, so a session never lacks it.
+	skey := streamKey(sh, rec.Epoch, policy.StandaloneNum)
+	if _, err := st.streams.create(ctx, skey, &streamRecord{Kind: policy.StandaloneStream, Floor: 1, Created: now}); err != nil {
+		st.fault("create_session", err)
+		return nil, err
+	}
+	if _, err := st.sessions.create(ctx, sh, rec); err != nil {
+		st.streams.remove(ctx, skey, 0)
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return nil, buffer.ErrSessionExists
+		}
+		st.fault("create_session", err)
+		return nil, err
+	}
+	if hasTomb && tomb.ID == id {
+		if err := st.tombs.remove(ctx, sh, tombRev); err != nil && !isWrongLast(err) {
+			st.fault("tombstone", err) // consumed anyway: it expires with its TTL
+		}
+	}
+	return st.handle(rec), nil
+}
+
+// handle returns this replica's handle of a session incarnation.
+func (st *Store) handle(rec *sessionRecord) *session {
+	sh := sessionToken(rec.ID)
+	st.mu.Lock()
+	h := st.handles[sh]
+	if h != nil && h.epoch == rec.Epoch && h.ctx.Err() == nil {
+		st.mu.Unlock()
+		return h
+	}
+	old := h
+	h = newSession(st, rec)
+	st.handles[sh] = h
+	st.mu.Unlock()
+	if old != nil {
+		old.end(buffer.ErrSessionGone) // an earlier incarnation
+	}
+	return h
+}
+
+// Session implements buffer.Store. A session this replica's mirror does
+// not hold yet (created elsewhere a moment ago) is read from KV.
+func (st *Store) Session(id string) (buffer.Session, bool) {
+	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
+	defer cancel()
+	rec, _, ok := st.sessions.lookup(ctx, sessionToken(id))
+	if !ok || rec.ID != id {
+		return nil, false
+	}
+	return st.handle(rec), true
+}
+
+// Tombstone implements buffer.Store.
+func (st *Store) Tombstone(id string) (buffer.Tombstone, bool) {
+	t, _, ok := st.tombs.get(sessionToken(id))
+	if !ok || t.ID != id || time.Since(t.Ended) >= st.opts.TombstoneTTL {
+		return buffer.Tombstone{}, false
+	}
+	return t.Tombstone, true
+}
+
+// Delete implements buffer.Store. The tombstone is written first, so at
+// every moment a replica finds the session or its tombstone; then the
+// conditional delete of the session record decides between concurrent
+// deletes, and the replica that wins clears the session's streams. Every
+// replica ends its handle when its mirror sees the record go.
+func (st *Store) Delete(id string, reason policy.Reason) bool {
+	sh := sessionToken(id)
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	st.mu.Lock()
+	h := st.handles[sh]
+	st.mu.Unlock()
+	if h != nil && h.id == id {
+		h.flush() // what its producers here accepted counts in the end
+	}
+	var rec *sessionRecord
+	var end sessionEnd
+	for round := 0; ; round++ {
+		r, rev, ok := st.sessionRecord(id)
+		if !ok {
+			return false
+		}
+		end = st.ending(ctx, r, reason)
+		if err := st.tombs.put(ctx, sh, end.tomb); err != nil {
+			st.fault("tombstone", err)
+		}
+		err := st.sessions.remove(ctx, sh, rev)
+		if err == nil {
+			rec = r
+			break
+		}
+		if !isWrongLast(err) || round > 20 {
+			st.fault("delete_session", err)
+			return false
+		}
+		// It changed meanwhile (a touch, a new stream): read it again.
+		if _, _, err := st.sessions.fetch(ctx, sh); errors.Is(err, errNotFound) {
+			return false
+		}
+	}
+	st.counters.EventsEvicted.Add(end.evicted)
+	for i := 0; i < end.failed; i++ {
+		st.counters.AddFailed(reason)
+	}
+	st.dropTombstones(ctx)
+	if h != nil && h.epoch != rec.Epoch {
+		h = nil
+	}
+	st.mu.Lock()
+	if st.handles[sh] == h {
+		delete(st.handles, sh)
+	}
+	st.mu.Unlock()
+	if h != nil {
+		h.end(buffer.ErrSessionGone)
+	}
+	st.clearIncarnation(ctx, sh+"."+rec.Epoch, end.keys)
+	if hk := st.opts.Hooks.SessionEnded; hk != nil {
+		hk(id, reason)
+	}
+	return true
+}
+
+// sessionEnd is what ending a session leaves and counts.
+type sessionEnd struct {
+	tomb    *tombRecord
+	keys    []string // its stream records
+	evicted uint64   // events that go with it
+	failed  int      // live request streams that fail with it
+}
+
+// ending works out what ending the session of rec leaves: the tombstone
+// (its request streams whose answers a client may lack, newest first) and
+// what goes.
+func (st *Store) ending(ctx context.Context, rec *sessionRecord, reason policy.Reason) sessionEnd {
+	sh := sessionToken(rec.ID)
+	keys := st.streams.keysOf(sh + "." + rec.Epoch)
+	sort.Slice(keys, func(i, j int) bool { return keyNum(keys[i]) > keyNum(keys[j]) })
+	e := sessionEnd{keys: keys}
+	past := buffer.Past{Epoch: rec.Epoch, Reason: reason, Streams: make(map[uint32]policy.StreamView)}
+	for _, key := range keys {
+		srec, _, ok := st.streams.get(key)
+		if !ok {
+			continue
+		}
+		head := srec.Head
+		if srec.State == policy.Live {
+			if last, err := st.lastMsg(ctx, st.names.subject(key)); err == nil && last != nil {
+				head = max(head, last.last())
+			}
+			if srec.Kind == policy.RequestStream {
+				e.failed++
+			}
+		}
+		if head >= srec.Floor {
+			e.evicted += head - srec.Floor + 1
+		}
+		if srec.Kind == policy.RequestStream && len(past.Streams) < buffer.MaxPastStreams {
+			c := *srec
+			c.Head = head
+			if v, owed := c.owed(); owed {
+				past.Streams[keyNum(key)] = v
+			}
+		}
+	}
+	earlier := rec.Past
+	if len(earlier) > maxPast-1 {
+		earlier = earlier[:maxPast-1]
+	}
+	meta := rec.meta()
+	e.tomb = &tombRecord{ID: rec.ID, Tombstone: buffer.Tombstone{Past: past, Fingerprint: meta.Fingerprint,
+		BindHeaders: rec.BindHeaders, Version: rec.Version, Ended: time.Now(), Earlier: earlier}}
+	return e
+}
+
+// clearIncarnation removes what a deleted session incarnation left: its
+// events, stream records and leases.
+func (st *Store) clearIncarnation(ctx context.Context, inc string, keys []string) {
+	if err := st.purge(ctx, st.names.evPrefix+inc+".>", 0); err != nil {
+		st.fault("purge", err)
+	}
+	for _, key := range keys {
+		if err := st.streams.remove(ctx, key, 0); err != nil {
+			st.fault("delete_stream", err)
+		}
+	}
+	for _, key := range st.leases.keysOf(inc) {
+		st.release(key) // ours: stop renewing
+		if _, _, held := st.leases.get(key); held {
+			st.leases.remove(ctx, key, 0)
+		}
+	}
+	st.total.invalidate()
+	st.freed.fire()
+}
+
+// dropTombstones forgets the oldest tombstones beyond MaxTombstones,
+// counting each: they went before their time.
+func (st *Store) dropTombstones(ctx context.Context) {
+	bound := st.opts.maxTombstones(st.Limits())
+	if st.tombs.count() <= bound {
+		return
+	}
+	type tomb struct {
+		key   string
+		id    string
+		ended time.Time
+		rev   uint64
+	}
+	var list []tomb
+	st.tombs.each(func(k string, t *tombRecord, rev uint64) { list = append(list, tomb{k, t.ID, t.Ended, rev}) })
+	sort.Slice(list, func(i, j int) bool { return list[i].ended.Before(list[j].ended) })
+	for _, t := range list[:max(len(list)-bound, 0)] {
+		if err := st.tombs.remove(ctx, t.key, t.rev); err != nil {
+			continue // changed meanwhile: consumed or replaced
+		}
+		st.counters.TombstonesDropped.Add(1)
+		if h := st.opts.Hooks.TombstoneDropped; h != nil {
+			h(t.id)
+		}
+	}
+}
+
+// Sessions implements buffer.Store: the zone's sessions.
+func (st *Store) Sessions() []buffer.SessionInfo {
+	var out []buffer.SessionInfo
+	st.sessions.each(func(_ string, r *sessionRecord, _ uint64) {
+		out = append(out, st.sessionInfo(r))
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
+	return out
+}
+
+// Stats implements buffer.Store. Sessions, streams, retained bytes,
+// connections and tombstones are the zone's (the same on every replica);
+// Producing, Detached and StalledStreams are this replica's, since each
+// replica reports the upstream reads it does itself.
+func (st *Store) Stats() buffer.Stats {
+	var out buffer.Stats
+	now := time.Now()
+	out.Sessions = st.sessions.count()
+	st.streams.each(func(key string, r *streamRecord, _ uint64) {
+		if !r.Opened {
+			return
+		}
+		out.Streams++
+		out.RetainedBytes += st.retainedOf(key, r)
+		if r.readerAt(now, st.opts.LeaseTTL) != nil {
+			out.Connected++
+		}
+	})
+	for _, s := range st.handleList() {
+		for _, str := range s.streamList() {
+			if str.producing.Load() {
+				out.Producing++
+				if !str.Connected() {
+					out.Detached++
+				}
+			}
+			if str.stalled.Load() {
+				out.StalledStreams++
+			}
+		}
+	}
+	out.Tombstones = st.tombs.count()
+	return out
+}
+
+// retainedOf is what a stream holds against the bounds: exact if this
+// replica produces it, else as its producer last recorded it.
+func (st *Store) retainedOf(key string, r *streamRecord) int64 {
+	if v, ok := st.byKey.Load(key); ok {
+		if w := v.(*stream).currentWriter(); w != nil {
+			if n, ok := w.retained(r); ok {
+				return n
+			}
+		}
+	}
+	return r.retained()
+}
+
+func (st *Store) sessionInfo(r *sessionRecord) buffer.SessionInfo {
+	info := buffer.SessionInfo{ID: r.ID, Epoch: r.Epoch, Version: r.Version, Origin: r.origin().String(),
+		Created: time.Unix(0, r.Created), LastActivity: time.Unix(0, r.LastActive)}
+	inc := sessionToken(r.ID) + "." + r.Epoch
+	keys := st.streams.keysOf(inc)
+	sort.Slice(keys, func(i, j int) bool { return keyNum(keys[i]) < keyNum(keys[j]) })
+	now := time.Now()
+	for _, key := range keys {
+		sr, _, ok := st.streams.get(key)
+		if !ok || !sr.Opened {
+			continue // a standalone stream no one used
+		}
+		si := st.streamInfo(key, sr, now)
+		if si.Connected {
+			info.Connected++
+		}
+		info.Bytes += si.Bytes
+		info.Streams = append(info.Streams, si)
+	}
+	return info
+}
+
+func (st *Store) streamInfo(key string, r *streamRecord, now time.Time) buffer.StreamInfo {
+	num := keyNum(key)
+	si := buffer.StreamInfo{Num: num, Kind: r.Kind.String(), State: r.State.String(),
+		FailReason: string(r.FailReason), Floor: r.Floor, Head: max(r.Head, r.Floor-1), Acked: r.Acked,
+		Bytes: st.retainedOf(key, r), Connected: r.readerAt(now, st.opts.LeaseTTL) != nil}
+	if v, ok := st.byKey.Load(key); ok {
+		s := v.(*stream)
+		si.Producing, si.Stalled = s.producing.Load(), s.stalled.Load()
+		if w := s.currentWriter(); w != nil {
+			if h, ok := w.assigned(); ok {
+				si.Head = max(si.Head, h)
+			}
+		}
+	}
+	if _, _, ok := st.leases.get(key); ok && r.Kind == policy.StandaloneStream {
+		si.Producing = true
+	}
+	for _, q := range r.Requests {
+		si.RequestIDs = append(si.RequestIDs, q.ID)
+	}
+	return si
+}
+
+func keyNum(key string) uint32 {
+	_, n, _ := splitStreamKey(key)
+	return n
+}
+
+// ---- reactions to the mirrors -----------------------------------------
+
+// sessionChanged ends this replica's handle of a session that ended (or
+// was replaced by a new incarnation) anywhere.
+func (st *Store) sessionChanged(sh string, cur *sessionRecord) {
+	st.mu.Lock()
+	h := st.handles[sh]
+	if h == nil || cur != nil && cur.Epoch == h.epoch {
+		st.mu.Unlock()
+		return
+	}
+	delete(st.handles, sh)
+	st.mu.Unlock()
+	go h.end(buffer.ErrSessionGone) // not under the caller's locks
+}
+
+// streamChanged tells this replica's handle of a stream that its record
+// changed: readers look for a takeover or the end, blocked appends decide
+// again.
+func (st *Store) streamChanged(key string, cur *streamRecord) {
+	if v, ok := st.byKey.Load(key); ok {
+		v.(*stream).recordChanged(cur)
+	}
+	st.freed.fire()
+}
+
+func (st *Store) leaseChanged(key string, _ *leaseRecord) {
+	if v, ok := st.byKey.Load(key); ok {
+		v.(*stream).changed.fire()
+	}
+}

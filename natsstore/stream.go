@@ -1,0 +1,493 @@
+package natsstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// stream is this replica's handle of one stream. Its state is the stream
+// record (every replica's) and, where this replica produces it, its writer.
+type stream struct {
+	sess    *session
+	num     uint32
+	kind    policy.StreamKind
+	key     string // <sh>.<epoch>.<num>
+	subject string
+
+	// changed fires when the record or the lease changed, or the stream
+	// ended here: readers and blocked appends look again.
+	changed   signal
+	producing atomic.Bool // an upstream response here feeds it (ClaimProducer)
+	stalled   atomic.Bool
+
+	mu      sync.Mutex
+	w       *writer
+	ended   error // why the stream is over here (the session ended, the store closed)
+	wmu     sync.Mutex
+	rmu     sync.Mutex // guards readers alone: taken when the mirror tells of a change
+	readers map[*reader]struct{}
+}
+
+var _ buffer.Stream = (*stream)(nil)
+
+func newStream(sess *session, num uint32, kind policy.StreamKind) *stream {
+	key := streamKey(sess.sh, sess.epoch, num)
+	return &stream{sess: sess, num: num, kind: kind, key: key, subject: sess.st.names.subject(key),
+		readers: make(map[*reader]struct{})}
+}
+
+func (s *stream) Num() uint32             { return s.num }
+func (s *stream) Kind() policy.StreamKind { return s.kind }
+
+func (s *stream) record() (*streamRecord, bool) {
+	r, _, ok := s.sess.st.streams.get(s.key)
+	return r, ok
+}
+
+// endedErr reports why the stream is over here, if it is.
+func (s *stream) endedErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ended
+}
+
+// writer returns the stream's writer, made on first use: the producer's
+// side of the stream on this replica.
+func (s *stream) writer() (*writer, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.Lock()
+	w, ended := s.w, s.ended
+	s.mu.Unlock()
+	if ended != nil {
+		return nil, buffer.ErrStreamEnded
+	}
+	if w != nil {
+		return w, nil
+	}
+	w = newWriter(s)
+	if err := w.load(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.w = w
+	s.mu.Unlock()
+	return w, nil
+}
+
+func (s *stream) currentWriter() *writer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w
+}
+
+// View implements buffer.Stream. The head is the producer's if this
+// replica produces the stream (events it has accepted and is storing),
+// else the stored one.
+func (s *stream) View() policy.StreamView {
+	rec, ok := s.record()
+	if !ok {
+		return policy.StreamView{Kind: s.kind, State: policy.Failed, Floor: 1}
+	}
+	return s.viewOf(rec)
+}
+
+func (s *stream) viewOf(rec *streamRecord) policy.StreamView {
+	head := rec.Head
+	w := s.currentWriter()
+	if h, ok := w.assigned(); ok {
+		head = max(head, h)
+	}
+	if rec.State == policy.Live && !(w != nil && s.sess.st.holds(s.key)) {
+		// Another replica may be producing it: its last stored event.
+		ctx, cancel := s.sess.st.opCtx()
+		if last, err := s.sess.st.lastMsg(ctx, s.subject); err == nil && last != nil {
+			head = max(head, last.last())
+		}
+		cancel()
+	}
+	v := rec.view(head)
+	w.overlay(&v)
+	return v
+}
+
+// recordChanged runs when the mirror's record changed: a reader that is no
+// longer the attached one was taken over.
+func (s *stream) recordChanged(cur *streamRecord) {
+	s.rmu.Lock()
+	var over []*reader
+	for r := range s.readers {
+		if cur == nil || cur.Reader == nil || cur.Reader.ID != r.id {
+			over = append(over, r)
+			delete(s.readers, r)
+		}
+	}
+	s.rmu.Unlock()
+	for _, r := range over {
+		if cur == nil {
+			r.close(buffer.ErrSessionGone)
+		} else {
+			r.close(buffer.ErrTakenOver)
+		}
+		r.release() // its consumer goes now, not when its relay notices
+	}
+	s.changed.fire()
+}
+
+func (s *stream) addReader(r *reader) {
+	s.rmu.Lock()
+	s.readers[r] = struct{}{}
+	s.rmu.Unlock()
+}
+
+func (s *stream) removeReader(r *reader) bool {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	_, ok := s.readers[r]
+	delete(s.readers, r)
+	return ok
+}
+
+// localReader returns the reader attached on this replica, if any.
+func (s *stream) localReader() *reader {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	for r := range s.readers {
+		return r
+	}
+	return nil
+}
+
+func (s *stream) Connected() bool {
+	rec, ok := s.record()
+	return ok && rec.readerAt(time.Now(), s.sess.st.opts.LeaseTTL) != nil
+}
+
+// ---- producer --------------------------------------------------------------
+
+func (s *stream) Append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
+	w, err := s.writer()
+	if err != nil {
+		return 0, err
+	}
+	return w.append(ctx, fields, answers)
+}
+
+func (s *stream) Complete() {
+	if s.kind != policy.RequestStream {
+		return
+	}
+	if w, err := s.writer(); err == nil {
+		w.finish(policy.Complete, "", nil)
+	}
+}
+
+// Fail implements buffer.Stream. On a request stream the signals go in,
+// then the end; on the standalone stream the signals go in and it goes on.
+func (s *stream) Fail(reason policy.Reason, signals ...buffer.Signal) {
+	st := s.sess.st
+	w, err := s.writer()
+	if err != nil {
+		return
+	}
+	if s.kind == policy.RequestStream {
+		if !w.finish(policy.Failed, reason, signals) {
+			return
+		}
+	} else if !w.signal(signals) {
+		return
+	}
+	st.counters.AddFailed(reason)
+	if h := st.opts.Hooks.StreamFailed; h != nil {
+		h(s.sess.id, s.num, reason)
+	}
+}
+
+// ClaimProducer implements buffer.Stream. The standalone stream's producer
+// is whichever replica holds its lease; a request stream's is the replica
+// that opened it, which holds its lease until it ends.
+func (s *stream) ClaimProducer() bool {
+	st := s.sess.st
+	if s.sess.gone() {
+		return false
+	}
+	s.markOpened()
+	if s.kind == policy.RequestStream {
+		return st.holds(s.key) && s.producing.CompareAndSwap(false, true)
+	}
+	if !s.producing.CompareAndSwap(false, true) {
+		return false
+	}
+	ok, _ := st.acquire(s.key, func() { s.producing.Store(false); s.changed.fire() })
+	if !ok {
+		s.producing.Store(false)
+		return false
+	}
+	s.dropIdleWriter() // another replica may have produced it since: start from what is stored
+	return true
+}
+
+// dropIdleWriter forgets the writer if it holds nothing unstored, so the
+// next append learns the stream's head afresh.
+func (s *stream) dropIdleWriter() {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.w != nil && s.w.idle() {
+		s.w = nil
+	}
+}
+
+// ReleaseProducer implements buffer.Stream. The standalone stream's lease
+// goes once what the producer appended is stored, so a reader that sees
+// the lease gone and the subject read to its end has everything.
+func (s *stream) ReleaseProducer() {
+	if !s.producing.Swap(false) {
+		return
+	}
+	if s.kind == policy.StandaloneStream {
+		if w := s.currentWriter(); w != nil {
+			w.waitStored(s.sess.st.endTimeout())
+		}
+		s.sess.st.release(s.key)
+	}
+	s.changed.fire()
+}
+
+// markOpened records that a client or producer used the stream (the
+// standalone stream is shown only then).
+func (s *stream) markOpened() {
+	if rec, ok := s.record(); !ok || rec.Opened {
+		return
+	}
+	ctx, cancel := s.sess.st.opCtx()
+	defer cancel()
+	_, err := s.sess.st.streams.update(ctx, s.key, func(r *streamRecord) error {
+		if r.Opened {
+			return errUnchanged
+		}
+		r.Opened = true
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotFound) {
+		s.sess.st.fault("stream", err)
+	}
+}
+
+func (s *stream) UpstreamCursor() string {
+	if rec, ok := s.record(); ok {
+		return rec.Upstream
+	}
+	return ""
+}
+
+func (s *stream) SetUpstreamCursor(id string) {
+	ctx, cancel := s.sess.st.opCtx()
+	defer cancel()
+	_, err := s.sess.st.streams.update(ctx, s.key, func(r *streamRecord) error {
+		if r.Upstream == id {
+			return errUnchanged
+		}
+		r.Upstream = id
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotFound) {
+		s.sess.st.fault("stream", err)
+	}
+}
+
+// ---- readers ---------------------------------------------------------------
+
+// Resume implements buffer.Stream: decide, acknowledge and attach are one
+// compare-and-set on the stream record, so no floor move (on any replica)
+// comes between the decision and the replay. decide may run again if
+// another writer changed the record meanwhile: it must be pure.
+func (s *stream) Resume(ack uint64, decide func(policy.StreamView) policy.Resume) (policy.Resume, buffer.Reader, error) {
+	st := s.sess.st
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	if old := s.localReader(); old != nil {
+		old.flushDeliveries()
+	}
+	var d policy.Resume
+	var r *reader
+	var attachErr error
+	_, err := st.streams.update(ctx, s.key, func(rec *streamRecord) error {
+		v := s.viewOf(rec)
+		d = decide(v)
+		r, attachErr = nil, nil
+		switch d.Kind {
+		case policy.Noop, policy.Replay, policy.Gap, policy.Ended:
+		default:
+			return errUnchanged
+		}
+		rec.ack(min(ack, v.Head))
+		if d.Kind != policy.Ended && (d.Kind != policy.Gap || d.Then == policy.ThenReplay) {
+			r, attachErr = s.attachTo(rec, d.From)
+		}
+		return nil
+	})
+	if errors.Is(err, errNotFound) {
+		return d, nil, buffer.ErrSessionGone // the session ended: its records are gone
+	}
+	if err != nil {
+		st.fault("resume", err)
+		return d, nil, err
+	}
+	if r != nil && attachErr == nil {
+		s.attached(r)
+	}
+	// What the acknowledgement released goes now. A client acknowledges
+	// only what it was sent, hence stored; a producer here may still be
+	// storing what a test (or a racing client) acknowledges: wait for it.
+	if ack > 0 {
+		s.currentWriter().waitStoredTo(ack, st.endTimeout())
+	}
+	st.evict(s.key, time.Now())
+	if attachErr != nil {
+		return d, nil, attachErr
+	}
+	if r == nil {
+		return d, nil, nil
+	}
+	return d, r, nil
+}
+
+// Attach implements buffer.Stream.
+func (s *stream) Attach(from uint64) (buffer.Reader, error) {
+	st := s.sess.st
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	if old := s.localReader(); old != nil {
+		old.flushDeliveries()
+	}
+	var r *reader
+	var attachErr error
+	_, err := st.streams.update(ctx, s.key, func(rec *streamRecord) error {
+		r, attachErr = s.attachTo(rec, from)
+		if attachErr != nil {
+			return errUnchanged
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errNotFound):
+		return nil, buffer.ErrSessionGone
+	case err != nil:
+		st.fault("attach", err)
+		return nil, err
+	case attachErr != nil:
+		return nil, attachErr
+	}
+	s.attached(r)
+	return r, nil
+}
+
+// attachTo makes a reader from seq from and enters it in rec as the
+// stream's reader (the record's next writer takes over from any other).
+func (s *stream) attachTo(rec *streamRecord, from uint64) (*reader, error) {
+	if from == buffer.FromUndelivered {
+		from = max(rec.Delivered+1, rec.Floor)
+	}
+	if from < rec.Floor {
+		return nil, buffer.ErrBelowFloor
+	}
+	if s.sess.gone() || s.endedErr() != nil {
+		return nil, buffer.ErrSessionGone
+	}
+	id := make([]byte, 8)
+	rand.Read(id)
+	r := newReader(s, hex.EncodeToString(id), from)
+	rec.Reader = &readerEntry{ID: r.id, Replica: s.sess.st.opts.ReplicaID, Next: from, At: time.Now().UnixNano()}
+	rec.Opened = true
+	return r, nil
+}
+
+// attached does what attaching entails once the record names r: a reader
+// attached here before it is taken over, and the session is active.
+func (s *stream) attached(r *reader) {
+	s.rmu.Lock()
+	var over []*reader
+	for old := range s.readers {
+		over = append(over, old)
+		delete(s.readers, old)
+	}
+	s.readers[r] = struct{}{}
+	s.rmu.Unlock()
+	for _, old := range over {
+		old.close(buffer.ErrTakenOver)
+		old.release()
+	}
+	if rec, ok := s.record(); !ok || rec.Reader == nil || rec.Reader.ID != r.id {
+		// Taken over already, between the write and now.
+		if s.removeReader(r) {
+			r.close(buffer.ErrTakenOver)
+		}
+	}
+	s.sess.Touch()
+}
+
+// ---- ending ----------------------------------------------------------------
+
+// end stops the stream here: readers end with err, appends with
+// ErrStreamEnded.
+func (s *stream) end(err error) {
+	s.mu.Lock()
+	if s.ended == nil {
+		s.ended = err
+	}
+	w := s.w
+	s.mu.Unlock()
+	if w != nil {
+		w.stop(err)
+	}
+	s.rmu.Lock()
+	list := make([]*reader, 0, len(s.readers))
+	for r := range s.readers {
+		list = append(list, r)
+		delete(s.readers, r)
+	}
+	s.rmu.Unlock()
+	for _, r := range list {
+		r.close(err)
+		r.release()
+	}
+	s.producing.Store(false)
+	s.changed.fire()
+}
+
+// leave is what a closing store does with the stream: a live request
+// stream it produces is failed (its producer goes with this replica), the
+// standalone stream's producer flushes and lets go.
+func (s *stream) leave() {
+	st := s.sess.st
+	w := s.currentWriter()
+	if w != nil && s.kind == policy.RequestStream && st.holds(s.key) {
+		if rec, ok := s.record(); ok && rec.State == policy.Live {
+			head, _ := w.assigned()
+			last := string(eventid.Append(nil, s.sess.epoch, s.num, head))
+			s.Fail(policy.ReasonUpstreamFailed, st.opts.FailureSignals(policy.ReasonUpstreamFailed, last, w.pending())...)
+		}
+	}
+	if w != nil {
+		w.waitStored(st.endTimeout())
+	}
+	s.producing.Store(false)
+	st.release(s.key)
+	if r := s.localReader(); r != nil && s.removeReader(r) {
+		// Its client goes with this replica: no longer connected.
+		r.close(buffer.ErrSessionGone)
+		r.sync(true)
+		r.release()
+	}
+}

@@ -1,0 +1,273 @@
+package natsstore
+
+import (
+	"errors"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// sweepLoop runs the zone's sweep on the replica that holds the sweeper
+// lease; every replica keeps its mirrors tidy.
+func (st *Store) sweepLoop() {
+	defer st.wg.Done()
+	t := time.NewTicker(st.opts.SweepInterval)
+	defer t.Stop()
+	lastTidy := time.Now()
+	for {
+		select {
+		case <-st.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if time.Since(lastTidy) >= time.Minute {
+			lastTidy = time.Now()
+			st.tidy()
+		}
+		if st.closing.Load() || !st.holdSweeper() {
+			continue
+		}
+		st.sweep(time.Now())
+	}
+}
+
+// endedStream is an ended request stream, for retiring.
+type endedStream struct {
+	key   string
+	ended int64
+}
+
+// sweep evicts what has become evictable, ends streams whose producer
+// died, retires spent stream records, expires idle sessions and old
+// tombstones: what the memory store's sweeper does, for the zone.
+func (st *Store) sweep(now time.Time) {
+	lim := st.Limits()
+	ttl := st.opts.LeaseTTL
+	connected := make(map[string]bool)      // incarnations a client reads
+	ended := make(map[string][]endedStream) // incarnation -> ended request streams
+	st.streams.each(func(key string, rec *streamRecord, _ uint64) {
+		inc := incarnationOf(key)
+		if !st.incarnationHeld(inc) {
+			// Its session is gone: a replica that deleted it died midway.
+			if now.Sub(time.Unix(0, rec.Created)) >= 2*ttl {
+				ctx, cancel := st.opCtx()
+				st.clearIncarnation(ctx, inc, st.streams.keysOf(inc))
+				cancel()
+			}
+			return
+		}
+		if rec.readerAt(now, ttl) != nil {
+			connected[inc] = true
+		}
+		if st.evictable(rec, now) >= rec.Floor {
+			st.evict(key, now)
+		}
+		switch {
+		case rec.Kind != policy.RequestStream:
+		case rec.State != policy.Live:
+			ended[inc] = append(ended[inc], endedStream{key, rec.Ended})
+		case !st.holds(key) && now.Sub(time.Unix(0, rec.Created)) >= ttl:
+			if _, _, leased := st.leases.get(key); !leased {
+				st.failOrphan(key)
+			}
+		}
+	})
+	for _, list := range ended {
+		st.retire(list, now)
+	}
+	if idle := lim.SessionIdleTimeout; idle > 0 {
+		var expired []string
+		st.sessions.each(func(sh string, r *sessionRecord, _ uint64) {
+			// Touches are written once per idle/10: allow for that, so
+			// no session expires early.
+			if !connected[sh+"."+r.Epoch] && now.Sub(time.Unix(0, r.LastActive)) >= idle+idle/10 {
+				expired = append(expired, r.ID)
+			}
+		})
+		for _, id := range expired {
+			st.Delete(id, policy.ReasonExpired)
+		}
+	}
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	st.tombs.each(func(sh string, t *tombRecord, rev uint64) {
+		if now.Sub(t.Ended) >= st.opts.TombstoneTTL {
+			st.tombs.remove(ctx, sh, rev)
+		}
+	})
+}
+
+// incarnationHeld reports whether the session incarnation <sh>.<epoch> is
+// in the zone.
+func (st *Store) incarnationHeld(inc string) bool {
+	sh, epoch, _ := strings.Cut(inc, ".")
+	r, _, ok := st.sessions.get(sh)
+	return ok && r.Epoch == epoch
+}
+
+// retire drops the records of ended streams beyond EndedStreamsKept that
+// hold nothing a client could still get, oldest first.
+func (st *Store) retire(list []endedStream, now time.Time) {
+	excess := len(list) - buffer.EndedStreamsKept
+	if excess <= 0 {
+		return
+	}
+	sort.Slice(list, func(i, j int) bool {
+		if list[i].ended != list[j].ended {
+			return list[i].ended < list[j].ended
+		}
+		return keyNum(list[i].key) < keyNum(list[j].key)
+	})
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	for _, e := range list {
+		if excess == 0 {
+			return
+		}
+		rec, rev, ok := st.streams.get(e.key)
+		if !ok || !st.retirable(rec, now) {
+			continue
+		}
+		if err := st.streams.remove(ctx, e.key, rev); err != nil {
+			continue
+		}
+		st.purge(ctx, st.names.subject(e.key), 0) // its end marker
+		excess--
+	}
+}
+
+// failOrphan ends a live request stream whose producer's lease lapsed (its
+// replica died): the failure signals (a gap event, an error for each
+// request still waiting) and the end marker go in after the last stored
+// event, each publish expecting the one before, so a producer that was
+// only cut off cannot interleave. A client resuming on any replica gets
+// exactly that: never silence.
+func (st *Store) failOrphan(key string) {
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	rec, _, ok := st.streams.get(key)
+	if !ok || rec.State != policy.Live {
+		return
+	}
+	subject := st.names.subject(key)
+	last, err := st.lastMsg(ctx, subject)
+	if err != nil {
+		return
+	}
+	head, off, expect := rec.Head, rec.HeadOff, uint64(0)
+	if last != nil {
+		if last.end != policy.Live { // it ended; its record did not learn it
+			st.recordEnd(key, last.end, last.reason, last.last(), last.endOff(), last.seq, nil)
+			return
+		}
+		head, off, expect = last.last(), last.endOff(), last.seq
+	}
+	// Answers stored after the record last heard of them.
+	answered := make(map[string]uint64)
+	for from := rec.Synced + 1; last != nil && from <= last.seq; {
+		m, _, err := st.nextMsg(ctx, subject, from)
+		if err != nil {
+			return
+		}
+		if m == nil {
+			break
+		}
+		for _, a := range m.answers {
+			answered[a.id] = a.seq
+		}
+		from = m.seq + 1
+	}
+	var pending []string
+	for _, id := range rec.pending() {
+		if _, ok := answered[id]; !ok {
+			pending = append(pending, id)
+		}
+	}
+	inc, num, _ := splitStreamKey(key)
+	_, epoch, _ := strings.Cut(inc, ".")
+	lastID := string(eventid.Append(nil, epoch, num, head))
+	b := batch{first: head + 1, off: off}
+	for _, sig := range st.opts.FailureSignals(policy.ReasonUpstreamFailed, lastID, pending) {
+		seq := b.first + uint64(len(b.lens))
+		n := len(b.buf)
+		b.buf = appendFramed(b.buf, epoch, num, seq, sig.Fields)
+		b.lens = append(b.lens, len(b.buf)-n)
+		for _, id := range sig.Answers {
+			answered[id] = seq
+			b.answers = append(b.answers, answer{id, seq})
+		}
+	}
+	noAbort := func() error { return nil }
+	if len(b.lens) > 0 {
+		msg := nats.NewMsg(subject)
+		msg.Data = b.buf
+		msg.Header.Set(hdrFirst, strconv.FormatUint(b.first, 10))
+		msg.Header.Set(hdrOff, strconv.FormatInt(b.off, 10))
+		if len(b.lens) > 1 {
+			msg.Header.Set(hdrLens, joinLens(b.lens))
+		}
+		if len(b.answers) > 0 {
+			msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
+		}
+		if expect, err = st.publishAfter(msg, key+"."+strconv.FormatUint(b.first, 10), expect, noAbort, nil); err != nil {
+			return // the producer lives after all, or another sweeper was first
+		}
+		head, off = b.last(), off+int64(len(b.buf))
+		st.counters.EventsEnqueued.Add(uint64(len(b.lens)))
+	}
+	// Counted before the record says so: whoever reads the end sees it.
+	st.counters.AddFailed(policy.ReasonUpstreamFailed)
+	st.recordEnd(key, policy.Failed, policy.ReasonUpstreamFailed, head, off, expect, answered)
+	st.publishAfter(endMarker(subject, head, off, policy.Failed, policy.ReasonUpstreamFailed), key+".end", expect, noAbort, nil)
+	if h := st.opts.Hooks.StreamFailed; h != nil {
+		sh, _, _ := strings.Cut(inc, ".")
+		if r, _, ok := st.sessions.get(sh); ok {
+			h(r.ID, num, policy.ReasonUpstreamFailed)
+		}
+	}
+}
+
+// recordEnd writes a stream's end into its record.
+func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64, answers map[string]uint64) {
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	_, err := st.streams.update(ctx, key, func(r *streamRecord) error {
+		if r.State != policy.Live {
+			return errUnchanged
+		}
+		for id, seq := range answers {
+			r.answer(id, seq)
+		}
+		r.State, r.FailReason, r.Ended = state, reason, time.Now().UnixNano()
+		r.Head, r.HeadOff, r.Synced = max(r.Head, head), max(r.HeadOff, off), max(r.Synced, msg)
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotFound) {
+		st.fault("end_stream", err)
+	}
+}
+
+// tidy forgets old deletions in the mirrors and, on the sweeper, in the
+// buckets (delete markers would pile up for every session ever ended).
+func (st *Store) tidy() {
+	st.sessions.prune(time.Minute)
+	st.streams.prune(time.Minute)
+	st.tombs.prune(time.Minute)
+	st.leases.prune(time.Minute)
+	if !st.holdSweeper() {
+		return
+	}
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	for _, kv := range []jetstream.KeyValue{st.sessions.kv, st.streams.kv, st.tombs.kv, st.leases.kv} {
+		st.fault("purge_deletes", kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(time.Minute)))
+	}
+}

@@ -1,0 +1,497 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// writer is the producer's side of a stream on this replica. Append frames
+// an event under the ID it mints and adds it to an open batch; one publish
+// at a time stores the batch before it (group commit): at low rates each
+// event is its own message, at high rates batches grow to batchMax. Every
+// publish expects the subject's last message to be the previous one, and
+// carries a message ID, so a retried publish is never stored twice and a
+// writer that lost the stream cannot interleave.
+type writer struct {
+	s  *stream
+	st *Store
+
+	mu        sync.Mutex
+	head      uint64 // last seq assigned
+	headOff   int64  // framed bytes of the events up to head
+	stored    uint64 // last seq stored
+	storedOff int64
+	lastMsg   uint64 // stream sequence of the subject's last message
+	open      batch  // filling while a publish is in flight
+	spare     []byte
+	flushing  bool
+	ending    bool  // Complete or Fail under way: no more appends
+	stopErr   error // the session ended or the store closes: stop publishing
+	err       error // the writer can store nothing more
+	answers   map[string]uint64
+	synced    int64 // headOff last written to the record
+	syncedAt  time.Time
+	room      signal // a batch was taken or stored, or the writer stopped
+
+	others othersCache
+}
+
+type batch struct {
+	buf     []byte
+	lens    []int
+	first   uint64
+	off     int64
+	answers []answer
+}
+
+func (b *batch) last() uint64 { return b.first + uint64(len(b.lens)) - 1 }
+
+var errConflict = errors.New("natsstore: another writer stored to the stream")
+
+func newWriter(s *stream) *writer {
+	return &writer{s: s, st: s.sess.st, answers: make(map[string]uint64)}
+}
+
+// load learns where the stream stands from its last stored message.
+func (w *writer) load() error {
+	ctx, cancel := w.st.opCtx()
+	defer cancel()
+	last, err := w.st.lastMsg(ctx, w.s.subject)
+	if err != nil {
+		return err
+	}
+	rec, ok := w.s.record()
+	if !ok {
+		return buffer.ErrStreamEnded
+	}
+	w.head, w.headOff = rec.Head, rec.HeadOff
+	if last != nil && last.last() >= w.head {
+		w.head, w.headOff, w.lastMsg = last.last(), last.endOff(), last.seq
+		w.ending = last.end != policy.Live
+	}
+	w.stored, w.storedOff, w.synced = w.head, w.headOff, w.headOff
+	w.ending = w.ending || rec.State != policy.Live
+	return nil
+}
+
+func (w *writer) framedLen(fields int) int {
+	return len("id: ") + eventid.EpochLen + 1 + decimalLen(uint64(w.s.num)) + 1 + decimalLen(w.head+1) + 1 + fields + 1
+}
+
+// usableLocked reports why nothing more can be appended, if so.
+func (w *writer) usableLocked() error {
+	if w.err != nil || w.stopErr != nil || w.ending {
+		return buffer.ErrStreamEnded
+	}
+	return nil
+}
+
+// append implements Stream.Append: see budget.go for when it blocks.
+func (w *writer) append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
+	if int64(len(fields))+int64(eventid.MaxLen)+8 > w.st.maxPayload-headerRoom {
+		return 0, &buffer.FailedError{Reason: policy.ReasonTooLarge}
+	}
+	var blocked stallClock
+	defer blocked.stop(w)
+	for {
+		seq, wait, err := w.tryAppend(fields, answers, &blocked)
+		if wait == nil {
+			if err == nil {
+				w.st.counters.EventsEnqueued.Add(1)
+			}
+			return seq, err
+		}
+		if err := wait(ctx); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// addLocked frames an event as the next seq into the open batch.
+func (w *writer) addLocked(fields []byte, answers []string) uint64 {
+	n := w.framedLen(len(fields))
+	b := &w.open
+	seq := w.head + 1
+	if len(b.lens) == 0 {
+		b.first, b.off = seq, w.headOff
+		if b.buf == nil {
+			b.buf, w.spare = w.spare[:0], nil
+		}
+	}
+	b.buf = appendFramed(b.buf, w.s.sess.epoch, w.s.num, seq, fields)
+	b.lens = append(b.lens, n)
+	if len(answers) > 0 {
+		rec, _ := w.s.record()
+		for _, id := range answers {
+			if w.answerable(rec, id) {
+				w.answers[id] = seq
+				b.answers = append(b.answers, answer{id, seq})
+			}
+		}
+	}
+	w.head, w.headOff = seq, w.headOff+int64(n)
+	w.others.grown.Store(w.headOff)
+	w.st.unstored.Add(int64(n))
+	if !w.flushing {
+		w.flushing = true
+		w.st.wg.Add(1)
+		go w.flush()
+	}
+	return seq
+}
+
+// answerable reports whether id is a request of the stream still waiting.
+func (w *writer) answerable(rec *streamRecord, id string) bool {
+	if _, done := w.answers[id]; done || rec == nil {
+		return false
+	}
+	for _, q := range rec.Requests {
+		if q.ID == id {
+			return q.AnsweredAt == 0
+		}
+	}
+	return false
+}
+
+// flush publishes batches, one at a time, until none is open.
+func (w *writer) flush() {
+	defer w.st.wg.Done()
+	for {
+		w.mu.Lock()
+		if w.stopErr != nil {
+			w.failLocked(w.stopErr)
+		}
+		if len(w.open.lens) == 0 || w.err != nil {
+			w.flushing = false
+			w.mu.Unlock()
+			w.room.fire()
+			return
+		}
+		b := w.open
+		w.open = batch{}
+		expect := w.lastMsg
+		w.mu.Unlock()
+		w.room.fire()
+
+		seq, err := w.publish(&b, expect)
+		w.mu.Lock()
+		if err == nil {
+			w.lastMsg, w.stored, w.storedOff = seq, b.last(), b.off+int64(len(b.buf))
+			if cap(b.buf) <= 2*w.st.batchMax {
+				w.spare = b.buf[:0]
+			}
+		} else {
+			w.failLocked(err)
+		}
+		late := err == nil && w.stopErr != nil
+		w.mu.Unlock()
+		if late && w.s.sess.gone() {
+			// Stored after the session ended: perhaps after its events
+			// were purged. Nothing may outlive the session.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			w.st.purge(ctx, w.s.subject, 0)
+			cancel()
+		}
+		w.st.unstored.Add(-int64(len(b.buf)))
+		w.room.fire()
+		if err == nil {
+			w.st.total.add(int64(len(b.buf) + len(w.s.subject) + 64))
+			w.sync(len(b.answers) > 0)
+		}
+	}
+}
+
+// publish stores one batch.
+func (w *writer) publish(b *batch, expect uint64) (uint64, error) {
+	msg := nats.NewMsg(w.s.subject)
+	msg.Data = b.buf
+	msg.Header.Set(hdrFirst, strconv.FormatUint(b.first, 10))
+	msg.Header.Set(hdrOff, strconv.FormatInt(b.off, 10))
+	if len(b.lens) > 1 {
+		msg.Header.Set(hdrLens, joinLens(b.lens))
+	}
+	if len(b.answers) > 0 {
+		msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
+	}
+	return w.st.publishAfter(msg, w.s.key+"."+strconv.FormatUint(b.first, 10), expect, w.aborted, w.emptied)
+}
+
+// aborted reports why the writer must stop retrying.
+func (w *writer) aborted() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopErr
+}
+
+// emptied reports whether the subject may be empty because every event
+// this writer stored was evicted and purged.
+func (w *writer) emptied() bool {
+	rec, ok := w.s.record()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return ok && rec.Floor > w.stored
+}
+
+// failLocked makes the writer terminal. Events it assigned and could not
+// store are lost: with their session if it ended, else loudly (counted as
+// evicted before acknowledgement, the counter that must stay 0).
+func (w *writer) failLocked(err error) {
+	if w.err != nil {
+		return
+	}
+	w.err = err
+	w.st.unstored.Add(-int64(len(w.open.buf)))
+	w.open = batch{}
+	lost := w.head - w.stored
+	if lost == 0 {
+		return
+	}
+	st, s := w.st, w.s
+	if s.sess.gone() {
+		st.counters.EventsEvicted.Add(lost)
+		return
+	}
+	st.counters.EventsEvictedBeforeAck.Add(lost)
+	if h := st.opts.Hooks.EvictedBeforeAck; h != nil {
+		from := w.stored + 1
+		go h(s.sess.id, s.num, from, lost) // hooks run without locks
+	}
+}
+
+// stop ends the writer: its session ended, or the store closes.
+func (w *writer) stop(err error) {
+	w.mu.Lock()
+	if w.stopErr == nil {
+		w.stopErr = err
+	}
+	if !w.flushing {
+		w.failLocked(err)
+	}
+	w.mu.Unlock()
+	w.room.fire()
+}
+
+// waitStored waits until everything appended is stored (or can never be).
+func (w *writer) waitStored(d time.Duration) { w.waitStoredTo(0, d) }
+
+// waitStoredTo waits until events up to seq (0: all appended) are stored,
+// or can never be.
+func (w *writer) waitStoredTo(seq uint64, d time.Duration) {
+	if w == nil {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		w.mu.Lock()
+		done := w.err != nil || seq == 0 && w.stored == w.head && !w.flushing || seq > 0 && w.stored >= min(seq, w.head)
+		ch := w.room.wait()
+		w.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-ch:
+		case <-t.C:
+			return
+		}
+	}
+}
+
+func (st *Store) endTimeout() time.Duration {
+	return min(max(st.Limits().StallTimeout, time.Second), 30*time.Second)
+}
+
+// sync writes how far the stream is stored (and the answers) to its
+// record: always when answers were stored, else at most every 64 KiB and
+// 100ms, so other replicas' session bounds see this stream's bytes.
+func (w *writer) sync(force bool) {
+	w.mu.Lock()
+	stored, storedOff, lastMsg := w.stored, w.storedOff, w.lastMsg
+	due := force || storedOff-w.synced >= 64<<10 && time.Since(w.syncedAt) >= 100*time.Millisecond
+	if !due {
+		w.mu.Unlock()
+		return
+	}
+	w.synced, w.syncedAt = storedOff, time.Now()
+	answers := make(map[string]uint64, len(w.answers))
+	for id, seq := range w.answers {
+		if seq <= stored {
+			answers[id] = seq
+		}
+	}
+	w.mu.Unlock()
+	ctx, cancel := w.st.opCtx()
+	defer cancel()
+	_, err := w.st.streams.update(ctx, w.s.key, func(r *streamRecord) error {
+		changed := false
+		for id, seq := range answers {
+			for _, q := range r.Requests {
+				if q.ID == id && q.AnsweredAt == 0 {
+					r.answer(id, seq)
+					changed = true
+				}
+			}
+		}
+		if stored > r.Head {
+			r.Head, r.HeadOff, r.Synced = stored, storedOff, max(r.Synced, lastMsg)
+			changed = true
+		}
+		if !changed {
+			return errUnchanged
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotFound) {
+		w.st.fault("sync", err)
+	}
+}
+
+// finish ends a request stream: the signals (if any) go in, everything is
+// stored, then the end marker, then the record says so. False if the
+// stream had ended already.
+func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals []buffer.Signal) bool {
+	st, s := w.st, w.s
+	w.mu.Lock()
+	rec, ok := s.record()
+	if w.usableLocked() != nil || !ok || rec.State != policy.Live {
+		w.mu.Unlock()
+		return false
+	}
+	for _, sig := range signals {
+		w.addLocked(sig.Fields, sig.Answers)
+		st.counters.EventsEnqueued.Add(1)
+	}
+	w.ending = true
+	w.mu.Unlock()
+	w.room.fire() // blocked appends end
+	w.waitStored(st.endTimeout())
+
+	w.mu.Lock()
+	failed := w.err != nil
+	head, off, expect := w.stored, w.storedOff, w.lastMsg
+	w.mu.Unlock()
+	if !failed {
+		// The record first: readers on every replica end by it (after the
+		// head), so the marker that follows only ends them sooner.
+		w.recordEnd(state, reason, head, off, expect)
+		msg := endMarker(s.subject, head, off, state, reason)
+		if seq, err := st.publishAfter(msg, s.key+".end", expect, func() error { return nil }, w.emptied); err == nil {
+			w.mu.Lock()
+			w.lastMsg = seq
+			w.mu.Unlock()
+		}
+	}
+	st.release(s.key) // if unended, the sweeper ends it
+	s.changed.fire()
+	return true
+}
+
+// recordEnd writes the end into the stream record.
+func (w *writer) recordEnd(state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64) {
+	w.mu.Lock()
+	answers := make(map[string]uint64, len(w.answers))
+	for id, seq := range w.answers {
+		answers[id] = seq
+	}
+	w.mu.Unlock()
+	w.st.recordEnd(w.s.key, state, reason, head, off, msg, answers)
+}
+
+// signal appends the standalone stream's failure signals; it goes on.
+func (w *writer) signal(signals []buffer.Signal) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.usableLocked() != nil {
+		return false
+	}
+	for _, sig := range signals {
+		w.addLocked(sig.Fields, sig.Answers)
+		w.st.counters.EventsEnqueued.Add(1)
+	}
+	return true
+}
+
+// ---- what the rest of the store asks of a writer (nil-safe) ----------------
+
+// idle reports that the writer holds nothing unstored.
+func (w *writer) idle() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.flushing && w.stored == w.head
+}
+
+// assigned is the last seq handed out, if the writer can still store.
+func (w *writer) assigned() (uint64, bool) {
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.head, w.err == nil
+}
+
+func (w *writer) storedHead() (uint64, bool) {
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stored, true
+}
+
+// retained is what the stream holds against the bounds, counting what is
+// on its way to being stored.
+func (w *writer) retained(rec *streamRecord) (int64, bool) {
+	if w == nil {
+		return 0, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.err != nil {
+		return 0, false
+	}
+	return max(w.headOff-rec.FloorOff, 0), true
+}
+
+// overlay adds the answers appended here that the record lacks yet.
+func (w *writer) overlay(v *policy.StreamView) {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, q := range v.Requests {
+		if q.AnsweredAt == 0 {
+			if seq, ok := w.answers[q.ID]; ok {
+				v.Requests[i].AnsweredAt = seq
+			}
+		}
+	}
+}
+
+// pending are the stream's requests still without an answer.
+func (w *writer) pending() []string {
+	rec, ok := w.s.record()
+	if !ok {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, id := range rec.pending() {
+		if _, answered := w.answers[id]; !answered {
+			out = append(out, id)
+		}
+	}
+	return out
+}
