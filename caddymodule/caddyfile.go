@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -39,6 +40,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    keepalive               <duration>
 //	    bind_headers            <header...>
 //	    zone                    <name>
+//	    store                   memory | nats { ... }
 //	}
 //
 // Sizes take units (16MiB, 512MB, 1GiB); durations take Caddy's units (90s, 2m, 1d).
@@ -96,6 +98,17 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if !d.AllArgs(&h.Zone) {
 				return d.Errf("zone: expected one name, e.g. zone site_a")
 			}
+		case "store":
+			if !d.NextArg() {
+				return d.Errf("store: expected a backend: memory, or nats { ... }")
+			}
+			backend := d.Val()
+			mod, err := caddyfile.UnmarshalModule(d, "mcp_resume.stores."+backend)
+			if err != nil {
+				return d.Errf("store: %v", err)
+			}
+			h.StoreRaw = caddyconfig.JSONModuleObject(mod, "backend", backend, nil)
+			continue // the store's block is consumed
 		default:
 			return d.Errf("unrecognized mcp_resume subdirective %q", name)
 		}

@@ -64,6 +64,9 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 		return next.ServeHTTP(w, r) // not JSON-RPC: the upstream answers it
 	}
 	if len(calls) == 1 && calls[0].Kind == jsonrpc.Request && calls[0].Method == "initialize" {
+		if v := calls[0].ProtocolVersion; (v == "" || resumable(v)) && h.refuseNew(w, jsonrpc.CanonicalID(calls[0].ID), true) {
+			return nil
+		}
 		return h.serveInitialize(w, r, next, calls[0])
 	}
 	if sid == "" || known && !resumable(sess.Meta().Version) {
@@ -79,6 +82,9 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 		// Notifications and responses get 202 and no stream; watch for the
 		// upstream saying the session is gone.
 		return next.ServeHTTP(h.sessionWatch(w, sid), r)
+	}
+	if h.refuseNew(w, ids[0], true) {
+		return nil
 	}
 	key := requestKey(ids, body)
 	if !known {
@@ -195,6 +201,8 @@ func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddy
 func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
 	sess buffer.Session, version string, ids []string, key [32]byte) error {
 	t := h.newTap(r, next, sess, version)
+	h.zone.reads.Add(1) // a stopping process drains until the calls it reads end
+	defer h.zone.reads.Add(-1)
 	defer t.close()
 	sid := r.Header.Get(hdrSessionID)
 	start := func(http.Header) bool {

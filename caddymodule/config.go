@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -111,11 +112,14 @@ func (h *Handler) Validate() error {
 			return fmt.Errorf("mcp_resume: bind_headers: %q is not a header name", name)
 		}
 	}
-	if strings.ContainsAny(h.Zone, "/\\ ") {
-		return fmt.Errorf("mcp_resume: zone: %q must be a plain name (no slashes or spaces)", h.Zone)
+	if !zoneNameRE.MatchString(h.Zone) {
+		return fmt.Errorf("mcp_resume: zone: %q must be a plain name: 1 to 26 letters, digits, '_' or '-'", h.Zone)
 	}
 	return nil
 }
+
+// zoneNameRE: a zone names files and, in a shared store, NATS subjects.
+var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,26}$`)
 
 func (h *Handler) limits() buffer.Limits {
 	return buffer.Limits{

@@ -16,8 +16,10 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
@@ -97,8 +99,14 @@ type Handler struct {
 	// their own. Default: "default".
 	Zone string `json:"zone,omitempty"`
 
-	zone   *zone
-	logger *zap.Logger
+	// The zone's retention store, a module in the mcp_resume.stores
+	// namespace: "memory" (the default: this process's memory) or "nats"
+	// (NATS JetStream, shared by replicas and kept across restarts).
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=mcp_resume.stores inline_key=backend"`
+
+	zone     *zone
+	storeKey string
+	logger   *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -116,7 +124,21 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.Validate(); err != nil {
 		return err
 	}
-	z, err := loadZone(h.Zone, h.limits(), h.logger)
+	var backend StoreModule = MemoryStore{}
+	h.storeKey = "memory"
+	if h.StoreRaw != nil {
+		h.storeKey = string(h.StoreRaw) // the store's configuration: another one is another store
+		mod, err := ctx.LoadModule(h, "StoreRaw")
+		if err != nil {
+			return fmt.Errorf("mcp_resume: store: %v", err)
+		}
+		backend = mod.(StoreModule)
+	}
+	drain := DefaultDrainTimeout
+	if n, ok := backend.(*NATSStore); ok {
+		drain = n.drainTimeout()
+	}
+	z, err := loadZone(h.Zone, h.storeKey, backend, drain, h.limits(), h.MaxEventBytes, h.logger)
 	if err != nil {
 		return err
 	}
@@ -124,15 +146,18 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("mcp_resume: registering metrics: %v", err)
 	}
-	// Detached upstream reads must not hold up `caddy stop`: Caddy waits for
-	// in-flight requests before its exit hooks run, so they are cancelled when
-	// stopping starts. A reload also emits "stopping", but then the streams
-	// (and the store) carry on with the new config.
 	if app, err := ctx.App("events"); err == nil {
-		_ = app.(*caddyevents.App).On("stopping", stoppingHandler(func() {
+		events := app.(*caddyevents.App)
+		// A shared store connects once Caddy runs this config: never for
+		// `caddy validate`, which provisions but does not start.
+		_ = events.On("started", eventHandler(z.open))
+		// Detached upstream reads must not hold up `caddy stop` forever: Caddy
+		// waits for in-flight requests before its exit hooks run. A reload
+		// also emits "stopping", but then the streams carry on with the new
+		// config.
+		_ = events.On("stopping", eventHandler(func() {
 			if caddy.Exiting() {
-				exitCancel()
-				z.store.Close()
+				z.exiting()
 			}
 		}))
 	}
@@ -142,7 +167,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 // Cleanup releases this instance's hold on its zone.
 func (h *Handler) Cleanup() error {
 	if h.zone != nil {
-		return releaseZone(h.Zone)
+		return releaseZone(h.Zone, h.storeKey)
 	}
 	return nil
 }
@@ -152,6 +177,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	sid, ok := sessionIDOf(r)
 	if !ok {
 		return h.reject(w, "", "", http.StatusBadRequest, "more than one Mcp-Session-Id")
+	}
+	if _, ok := h.zone.wait(r.Context()); !ok {
+		return h.refuse(w, "", "connecting", "the retention store is not connected; retry later", 5)
 	}
 	// Any request naming a session the proxy holds (or remembers) must carry
 	// its credentials, whatever its method, version, content type or body:
@@ -236,19 +264,44 @@ func (h *Handler) reject(w http.ResponseWriter, sid, lastID string, status int, 
 // not Caddy itself. Callers also tie it to their session's end.
 func (h *Handler) detach(r *http.Request) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	stop := context.AfterFunc(exitCtx, cancel)
+	stop := context.AfterFunc(h.zone.stopCtx, cancel)
 	return ctx, func() {
 		stop()
 		cancel()
 	}
 }
 
-// exitCtx ends when the process is exiting.
-var exitCtx, exitCancel = context.WithCancel(context.Background())
+// refuseNew answers 503 to a request that would open a session or an
+// upstream read the zone cannot take now: a call while the process is
+// stopping (the client retries, on another replica), or anything while the
+// shared store is unreachable. It is asked before the request goes
+// upstream: once the upstream has run a call, its answer reaches the client
+// whatever the store says. It reports whether it answered.
+func (h *Handler) refuseNew(w http.ResponseWriter, id string, call bool) bool {
+	if call && h.zone.draining.Load() {
+		w.Header().Set("Connection", "close") // the retry goes to a replica that stays
+		h.refuse(w, id, "draining", "this proxy is shutting down; retry", 1)
+		return true
+	}
+	if err := h.zone.unavailable(); err != nil {
+		h.logger.Warn("request refused: the shared store is unavailable", zap.Error(err))
+		h.refuse(w, id, "unavailable", "the retention store is unavailable; retry later", 5)
+		return true
+	}
+	return false
+}
 
-type stoppingHandler func()
+// refuse answers 503 with a JSON-RPC error and Retry-After.
+func (h *Handler) refuse(w http.ResponseWriter, id, reason, why string, retryAfter int) error {
+	storeRefusals.WithLabelValues(reason).Inc()
+	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, id, "mcp-resume: "+why)
+	return nil
+}
 
-func (f stoppingHandler) Handle(context.Context, caddy.Event) error { f(); return nil }
+type eventHandler func()
+
+func (f eventHandler) Handle(context.Context, caddy.Event) error { f(); return nil }
 
 // Interface guards
 var (

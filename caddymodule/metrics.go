@@ -33,6 +33,10 @@ var (
 		"GETs with the upstream's Last-Event-ID (or, on the standalone stream, without one) that resumed an upstream stream that ended early, by outcome: resumed, failed, refused, exhausted.", "outcome")
 	untapped = newCounterVec("untapped_total",
 		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused.", "reason")
+	storeRefusals = newCounterVec("store_refusals_total",
+		"Requests refused with 503 because the zone's store could not take them, by reason: connecting (a shared store not connected yet), unavailable (it lost its connection), draining (this process is stopping).", "reason")
+	storeErrors = newCounterVec("store_errors_total",
+		"Failed operations of a shared store (NATS JetStream), by zone and operation. Publishes into a full JetStream stream count here too (op publish): that is backpressure, retried.", "zone", "op")
 	credentialRejections = newCounter("credential_rejections_total",
 		"Requests refused with 403 because their bind_headers differ from the session's.")
 	retriesServed = newCounter("repeated_requests_total",
@@ -69,17 +73,32 @@ var (
 	descStalled        = desc("stalled_streams", "Streams whose upstream read is paused by backpressure now.")
 	descDetached       = desc("detached_upstreams", "Upstream responses still being read into logs after their client left.")
 	descTombstones     = desc("tombstones", "Ended sessions remembered (for credential checks and precise late answers).")
+	descStoreUp        = desc("store_up", "1 while the zone's shared store is connected, 0 while it is not (requests that need it get 503).", "zone")
 )
 
 func (storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descEnqueued, descEvicted, descEvictedEarly, descResumesEvicted, descStalls,
 		descFailed, descTombsDropped, descRetained, descSessions, descStreams, descConnected, descProducing, descStalled,
-		descDetached, descTombstones} {
+		descDetached, descTombstones, descStoreUp} {
 		ch <- d
 	}
 }
 
 func (storeCollector) Collect(ch chan<- prometheus.Metric) {
+	zones.Range(func(_, v any) bool {
+		if z := v.(*zone); z.backend.Shared() {
+			up := 0.0
+			select {
+			case <-z.ready:
+				if z.unavailable() == nil {
+					up = 1
+				}
+			default:
+			}
+			ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up, z.name)
+		}
+		return true
+	})
 	var n int
 	var enq, ev, early, fromEv, stalls, tombsDropped uint64
 	failed := make(map[policy.Reason]uint64)
@@ -142,7 +161,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, upstreamReconnects, untapped, replayed,
-		retriesServed, credentialRejections, stallSeconds, storeCollector{}} {
+		retriesServed, credentialRejections, storeRefusals, storeErrors, stallSeconds, storeCollector{}} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

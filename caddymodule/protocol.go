@@ -98,7 +98,7 @@ func prepareSSEHeaders(h http.Header) {
 func writeError(w http.ResponseWriter, status, code int, id, message string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Del("Content-Length")
-	if status == http.StatusServiceUnavailable {
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", "5")
 	}
 	w.WriteHeader(status)

@@ -54,6 +54,12 @@ func (rl *relay) write(b ...[]byte) bool {
 // run relays until the end; ctx is the client's.
 func (rl *relay) run(ctx context.Context) {
 	defer rl.rd.Close()
+	// The process stopping ends the relay too: cut, so the client resumes
+	// (on another replica, when the store is shared).
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopping := rl.h.zone.stopCtx
+	defer context.AfterFunc(stopping, cancel)()
 	idle := time.Duration(rl.h.Keepalive)
 	for {
 		b, err := rl.rd.Read(ctx, rl.dst, relayBatch, idle)
@@ -70,6 +76,9 @@ func (rl *relay) run(ctx context.Context) {
 		}
 		switch {
 		case err == nil:
+		case stopping.Err() != nil:
+			abortClient(rl.w)
+			return
 		case ctx.Err() != nil:
 			return // the client is gone; the log keeps what it missed
 		case errors.Is(err, buffer.ErrIdle):
@@ -146,7 +155,7 @@ func (h *Handler) hold(ctx context.Context, w http.ResponseWriter, done <-chan s
 			return
 		case <-limit.C:
 			return
-		case <-exitCtx.Done():
+		case <-h.zone.stopCtx.Done():
 			return
 		case <-tick.C:
 			if _, err := w.Write(sse.AppendComment(nil, "keepalive")); err != nil || rc.Flush() != nil {

@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
@@ -27,6 +28,9 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 	if lastID == "" {
 		if !known {
 			return next.ServeHTTP(w, r)
+		}
+		if h.refuseNew(w, "", false) {
+			return nil
 		}
 		sess.Touch()
 		return h.serveStandalone(w, r, next, sess, nil, nil, 0)
@@ -81,8 +85,12 @@ func (h *Handler) serveResume(w http.ResponseWriter, r *http.Request, next caddy
 			in.Stream = &v
 			return policy.DecideResume(in)
 		})
-		if err != nil { // the session ended meanwhile
+		switch {
+		case errors.Is(err, buffer.ErrSessionGone): // the session ended meanwhile
 			return h.reject(w, sid, lastID, http.StatusBadRequest, "the session ended")
+		case err != nil: // a shared store that cannot answer now
+			h.logger.Warn("resume refused: the shared store is unavailable", zap.String("session", sid), zap.Error(err))
+			return h.refuse(w, "", "unavailable", "the retention store is unavailable; retry later", 5)
 		}
 	} else {
 		d = policy.DecideResume(in)

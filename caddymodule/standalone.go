@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -40,6 +41,7 @@ func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next c
 	t := h.newTap(r, next, sess, sess.Meta().Version)
 	t.stream = stream
 	defer t.close()
+	defer context.AfterFunc(h.zone.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
 	t.lastID = stream.UpstreamCursor()
 	answerNow := gap || rd.Next() <= stream.View().Head
 	var out http.ResponseWriter = h.sessionWatch(w, sess.ID())
@@ -86,6 +88,7 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	t := h.newTap(r, next, nil, version)
 	defer t.close()
+	defer context.AfterFunc(h.zone.drainCtx, t.cancel)()
 	var existing buffer.Session // adopted meanwhile by another request
 	start := func(http.Header) bool {
 		s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))

@@ -1,11 +1,13 @@
 package caddymodule
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -25,29 +27,67 @@ var zones = caddy.NewUsagePool()
 // name their zone with the zone subdirective (default "default"); handlers
 // in one zone share sessions (a session may be resumed through any of them)
 // and the zone's limits, which the most recently provisioned handler sets.
+// A zone is keyed by its name and its store's configuration, so a reload
+// that changes the store opens a new one.
 type zone struct {
-	name   string
-	store  buffer.Store
-	logger atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
+	name    string
+	backend StoreModule
+	drain   time.Duration // how long a stopping process drains into a shared store
+
+	// store is set once, before ready closes. A shared store is opened when
+	// Caddy has started (never by `caddy validate`) and retried until it
+	// connects; meanwhile requests that need it get 503.
+	store    buffer.Store
+	ready    chan struct{}
+	openOnce sync.Once
+	ctx      context.Context // ends when the zone is destructed
+	cancel   context.CancelFunc
+
+	// stopCtx ends when this process stops serving the zone: detached
+	// upstream reads and relays end with it. On exit it ends at once for
+	// the memory store, and after the drain for a shared one.
+	stopCtx  context.Context
+	stop     context.CancelFunc
+	exitOnce sync.Once
+	draining atomic.Bool     // no new calls: the process is stopping
+	drainCtx context.Context // ends when the drain starts: standalone reads, which never end by themselves, end with it
+	drained  context.CancelFunc
+	reads    atomic.Int64 // calls whose upstream response is being read
+
+	logger        atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
+	limits        atomic.Pointer[buffer.Limits]
+	maxEventBytes atomic.Int64
 }
 
 // Destruct implements caddy.Destructor.
 func (z *zone) Destruct() error {
-	z.store.Close()
+	z.stop()
+	z.cancel()
+	select {
+	case <-z.ready:
+		z.store.Close()
+	default:
+	}
 	return nil
 }
 
-func zoneKey(name string) string { return "mcp_resume/" + name }
+func zoneKey(name, storeKey string) string { return "mcp_resume/" + name + "/" + storeKey }
 
-func loadZone(name string, l buffer.Limits, logger *zap.Logger) (*zone, error) {
-	v, loaded, err := zones.LoadOrNew(zoneKey(name), func() (caddy.Destructor, error) {
-		z := &zone{name: name}
+// loadZone returns the zone of that name and store, creating it if no
+// config holds it. storeKey identifies the store's configuration.
+func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64,
+	logger *zap.Logger) (*zone, error) {
+	v, loaded, err := zones.LoadOrNew(zoneKey(name, storeKey), func() (caddy.Destructor, error) {
+		z := &zone{name: name, backend: backend, drain: drain, ready: make(chan struct{})}
+		z.ctx, z.cancel = context.WithCancel(context.Background())
+		z.stopCtx, z.stop = context.WithCancel(context.Background())
+		z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
 		z.logger.Store(logger)
-		z.store = buffer.NewMemoryStore(buffer.Options{
-			Limits: l,
-			Hooks:  storeHooks(z.logger.Load),
-			Key:    zoneSecret(name, logger),
-		})
+		z.limits.Store(&l)
+		z.maxEventBytes.Store(maxEvent)
+		if !backend.Shared() {
+			z.open() // in memory: nothing to connect to, nothing to fail
+		}
 		return z, nil
 	})
 	if err != nil {
@@ -55,22 +95,149 @@ func loadZone(name string, l buffer.Limits, logger *zap.Logger) (*zone, error) {
 	}
 	z := v.(*zone)
 	if loaded {
-		z.store.SetLimits(l)
 		z.logger.Store(logger)
+		z.limits.Store(&l)
+		z.maxEventBytes.Store(maxEvent)
+		select {
+		case <-z.ready:
+			z.store.SetLimits(l)
+		default: // applied when it opens
+		}
 	}
 	return z, nil
 }
 
-func releaseZone(name string) error {
-	_, err := zones.Delete(zoneKey(name))
+func releaseZone(name, storeKey string) error {
+	_, err := zones.Delete(zoneKey(name, storeKey))
 	return err
 }
 
-// eachStore calls fn with every live store; the admin API and metrics read them.
+// open opens the zone's store once; a shared store is retried in the
+// background until it connects or the zone goes.
+func (z *zone) open() {
+	z.openOnce.Do(func() {
+		if !z.backend.Shared() {
+			z.store, _ = z.backend.OpenStore(z.ctx, z.name, z.storeOptions())
+			close(z.ready)
+			return
+		}
+		go z.connect()
+	})
+}
+
+func (z *zone) connect() {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		ctx, cancel := context.WithTimeout(z.ctx, 30*time.Second)
+		st, err := z.backend.OpenStore(ctx, z.name, z.storeOptions())
+		cancel()
+		if err == nil {
+			st.SetLimits(*z.limits.Load()) // a reload may have come meanwhile
+			z.store = st
+			close(z.ready)
+			z.logger.Load().Info("shared store connected", zap.String("zone", z.name))
+			return
+		}
+		if z.ctx.Err() != nil {
+			return
+		}
+		z.logger.Load().Error("shared store unavailable: requests that need it get 503; retrying",
+			zap.String("zone", z.name), zap.Duration("retry_in", wait), zap.Error(err))
+		select {
+		case <-time.After(wait):
+		case <-z.ctx.Done():
+			return
+		}
+	}
+}
+
+func (z *zone) storeOptions() StoreOptions {
+	return StoreOptions{
+		Limits:        *z.limits.Load(),
+		Hooks:         storeHooks(z.logger.Load),
+		Logger:        z.logger.Load(),
+		MaxEventBytes: z.maxEventBytes.Load(),
+		OnError: func(op string, err error) {
+			storeErrors.WithLabelValues(z.name, op).Inc()
+			if c := z.logger.Load().Check(zap.DebugLevel, "shared store operation failed"); c != nil {
+				c.Write(zap.String("zone", z.name), zap.String("op", op), zap.Error(err))
+			}
+		},
+	}
+}
+
+// wait returns the zone's store once it is open, or false if it is not
+// open within a few seconds (a shared store that cannot connect).
+func (z *zone) wait(ctx context.Context) (buffer.Store, bool) {
+	select {
+	case <-z.ready:
+		return z.store, true
+	default:
+	}
+	t := time.NewTimer(storeWait)
+	defer t.Stop()
+	select {
+	case <-z.ready:
+		return z.store, true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return nil, false
+}
+
+// storeWait is how long a request waits for a shared store to connect.
+const storeWait = 5 * time.Second
+
+// unavailable says why the store cannot take new sessions or streams now
+// (a shared store that lost its connection), or nil.
+func (z *zone) unavailable() error {
+	if a, ok := z.store.(interface{ Available() error }); ok {
+		return a.Available()
+	}
+	return nil
+}
+
+// exiting is told that the process is stopping. The memory store's reads
+// end at once (nothing would outlive the process); a shared store's drain:
+// new calls are refused, running upstream reads go on into the store until
+// they end or drain_timeout passes, so results that arrive during a deploy
+// are there for the client on another replica.
+func (z *zone) exiting() {
+	z.exitOnce.Do(func() {
+		if !z.backend.Shared() {
+			z.stop()
+			z.store.Close()
+			return
+		}
+		z.draining.Store(true)
+		z.drained() // the next GET of a standalone stream goes to another replica
+		logger := z.logger.Load()
+		logger.Info("draining: running upstream reads go on into the shared store; new calls get 503",
+			zap.String("zone", z.name), zap.Int64("upstream_reads", z.reads.Load()), zap.Duration("drain_timeout", z.drain))
+		go func() {
+			deadline := time.Now().Add(z.drain)
+			for z.reads.Load() > 0 && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if n := z.reads.Load(); n > 0 {
+				logger.Warn("drain timed out: the remaining upstream reads are cut and their streams fail",
+					zap.String("zone", z.name), zap.Int64("upstream_reads", n))
+			} else {
+				logger.Info("drained", zap.String("zone", z.name))
+			}
+			z.stop()
+		}()
+	})
+}
+
+// eachStore calls fn with every open store; the admin API and metrics read them.
 func eachStore(fn func(name string, st buffer.Store)) {
 	zones.Range(func(_, v any) bool {
 		z := v.(*zone)
-		fn(z.name, z.store)
+		select {
+		case <-z.ready:
+			fn(z.name, z.store)
+		default:
+		}
 		return true
 	})
 }

@@ -1,6 +1,7 @@
 package mcptest
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -27,6 +28,8 @@ type Config struct {
 	HTTPPort  int    // Caddy's http_port
 	HTTPSPort int    // a free port: nothing serves HTTPS, but Caddy must not claim 443
 	Global    string // more lines for the global options block, e.g. "metrics"
+	LogLevel  string // default ERROR
+	Grace     string // grace_period, default 1s: a reload or stop does not wait long for streams
 	Sites     []Site
 }
 
@@ -39,21 +42,20 @@ type Site struct {
 // Caddyfile returns the config as a Caddyfile.
 func (c Config) Caddyfile() string {
 	var b strings.Builder
-	// grace_period 1s: a reload or stop does not wait long for streams.
 	fmt.Fprintf(&b, `{
 	admin localhost:%d
 	http_port %d
 	https_port %d
 	auto_https off
 	persist_config off
-	grace_period 1s
+	grace_period %s
 	skip_install_trust
 	log {
-		level ERROR
+		level %s
 	}
 %s
 }
-`, c.AdminPort, c.HTTPPort, c.HTTPSPort, c.Global)
+`, c.AdminPort, c.HTTPPort, c.HTTPSPort, cmp.Or(c.Grace, "1s"), cmp.Or(c.LogLevel, "ERROR"), c.Global)
 	for _, s := range c.Sites {
 		fmt.Fprintf(&b, ":%d {\n%s\n}\n", s.Port, s.Body)
 	}

@@ -7,12 +7,14 @@ import (
 	"sync/atomic"
 )
 
-// Relay is a TCP relay between a proxy and its upstream whose connections
-// a test can cut, as a dropped network path or a restarting upstream would:
-// the proxy dials the relay, which dials the upstream and copies both ways.
+// Relay is a TCP relay whose connections a test can cut, as a dropped
+// network path or a restarting upstream would: the proxy dials the relay,
+// which dials the upstream and copies both ways. Its target can change, so
+// it also serves as a load balancer in front of proxy replicas.
 type Relay struct {
 	ln       net.Listener
-	target   string
+	targets  atomic.Pointer[[]string]
+	next     atomic.Uint64
 	accepted atomic.Int64
 	mu       sync.Mutex
 	conns    map[net.Conn]bool
@@ -24,10 +26,15 @@ func NewRelay(target string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{ln: ln, target: target, conns: make(map[net.Conn]bool)}
+	r := &Relay{ln: ln, conns: make(map[net.Conn]bool)}
+	r.SetTarget(target)
 	go r.serve()
 	return r, nil
 }
+
+// SetTarget sends new connections to the targets, in turn; open ones stay
+// where they are.
+func (r *Relay) SetTarget(targets ...string) { r.targets.Store(&targets) }
 
 // Addr is the relay's host:port.
 func (r *Relay) Addr() string { return r.ln.Addr().String() }
@@ -42,7 +49,8 @@ func (r *Relay) serve() {
 			return
 		}
 		r.accepted.Add(1)
-		up, err := net.Dial("tcp", r.target)
+		targets := *r.targets.Load()
+		up, err := net.Dial("tcp", targets[int(r.next.Add(1)-1)%len(targets)])
 		if err != nil {
 			c.Close()
 			continue

@@ -3,10 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,112 +14,25 @@ import (
 )
 
 // sdkClient is an official Go SDK client whose connections the test can cut.
-type sdkClient struct {
-	session   *mcp.ClientSession
-	transport *mcptest.CuttableTransport
-
-	gets atomic.Int64 // GET requests the client sent (resumes, the standalone stream)
-
-	mu       sync.Mutex
-	progress []float64
-	notices  []string
-	seen     chan struct{} // one token per progress notification or notice
-}
-
-// roundTripFunc is an http.RoundTripper.
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+type sdkClient = mcptest.SDKClient
 
 func connectSDK(t *testing.T, endpoint, version string) *sdkClient {
 	t.Helper()
-	c := &sdkClient{transport: mcptest.NewCuttableTransport(0), seen: make(chan struct{}, 10000)}
-	client := mcp.NewClient(&mcp.Implementation{Name: "e2e", Version: "1"}, &mcp.ClientOptions{
-		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
-			c.mu.Lock()
-			c.progress = append(c.progress, req.Params.Progress)
-			c.mu.Unlock()
-			c.seen <- struct{}{}
-		},
-		LoggingMessageHandler: func(_ context.Context, req *mcp.LoggingMessageRequest) {
-			c.mu.Lock()
-			c.notices = append(c.notices, fmt.Sprint(req.Params.Data))
-			c.mu.Unlock()
-			c.seen <- struct{}{}
-		},
-	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := client.Connect(ctx, &mcp.StreamableClientTransport{
-		Endpoint: endpoint,
-		HTTPClient: &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-			if r.Method == http.MethodGet {
-				c.gets.Add(1)
-			}
-			return c.transport.RoundTrip(r)
-		})},
-	}, &mcp.ClientSessionOptions{ProtocolVersion: version})
+	c, err := mcptest.ConnectSDK(ctx, endpoint, version, 0)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
-	t.Cleanup(func() { s.Close() })
-	c.session = s
+	t.Cleanup(func() { c.Session.Close() })
 	return c
-}
-
-// cutAfter cuts every connection once k notifications arrived.
-func (c *sdkClient) cutAfter(k int, reset bool) <-chan int {
-	done := make(chan int, 1)
-	go func() {
-		for i := 0; i < k; i++ {
-			<-c.seen
-		}
-		done <- c.transport.Cut(reset)
-	}()
-	return done
-}
-
-// progressAfterCall returns the progress notifications seen once n arrived
-// or a moment passed: the SDK client hands notifications to their handler
-// on its own goroutines, so a replayed batch may still be on its way when
-// the call returns with the result that followed it.
-func (c *sdkClient) progressAfterCall(n int) []float64 {
-	mcptest.Eventually(5*time.Second, 5*time.Millisecond, func() bool { return len(c.progressSeen()) >= n })
-	time.Sleep(50 * time.Millisecond) // and no more (a duplicate would show)
-	return c.progressSeen()
-}
-
-func (c *sdkClient) progressSeen() []float64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]float64(nil), c.progress...)
-}
-
-func (c *sdkClient) noticesSeen() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]string(nil), c.notices...)
 }
 
 func countTo(ctx context.Context, s *mcp.ClientSession, n, intervalMS int) (*mcp.CallToolResult, error) {
 	return s.CallTool(ctx, countParams(n, intervalMS))
 }
 
-func countParams(n, intervalMS int) *mcp.CallToolParams {
-	params := &mcp.CallToolParams{Name: "count", Arguments: map[string]any{"n": n, "interval_ms": intervalMS}}
-	params.SetProgressToken("progress-1")
-	return params
-}
-
-func resultText(r *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range r.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-		}
-	}
-	return b.String()
-}
+var countParams, resultText = mcptest.CountParams, mcptest.ResultText
 
 // The mission in one test: a tool call streams progress, the connection is
 // cut mid-stream, and the client still gets every progress notification
@@ -139,10 +48,10 @@ func TestToolCallSurvivesConnectionCut(t *testing.T) {
 				c, _ := proxyFor(t, demoserver.Options{}, "")
 				client := connectSDK(t, c.Base()+"/mcp", version)
 				const n = 12
-				cut := client.cutAfter(4, reset)
+				cut := client.CutAfter(4, reset)
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				res, err := countTo(ctx, client.session, n, 150)
+				res, err := countTo(ctx, client.Session, n, 150)
 				if err != nil {
 					t.Fatalf("call failed through the proxy: %v", err)
 				}
@@ -154,9 +63,9 @@ func TestToolCallSurvivesConnectionCut(t *testing.T) {
 				}
 				// The SDK hands notifications to their handler asynchronously:
 				// the last may be dispatched just after the result.
-				harness.WaitFor(t, 5*time.Second, "progress", func() bool { return len(client.progressSeen()) >= n })
+				harness.WaitFor(t, 5*time.Second, "progress", func() bool { return len(client.ProgressSeen()) >= n })
 				time.Sleep(100 * time.Millisecond)
-				assertOnceInOrder(t, client.progressAfterCall(n), n)
+				assertOnceInOrder(t, client.ProgressAfterCall(n), n)
 			})
 		}
 	}
@@ -164,13 +73,8 @@ func TestToolCallSurvivesConnectionCut(t *testing.T) {
 
 func assertOnceInOrder(t *testing.T, got []float64, n int) {
 	t.Helper()
-	if len(got) != n {
-		t.Fatalf("got %d progress notifications, want %d: %v", len(got), n, got)
-	}
-	for i, p := range got {
-		if p != float64(i+1) {
-			t.Fatalf("progress[%d] = %v, want %d (all: %v)", i, p, i+1, got)
-		}
+	if err := mcptest.OnceInOrder(got, n); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -178,15 +82,15 @@ func assertOnceInOrder(t *testing.T, got []float64, n int) {
 func TestToolCallWithoutProxyIsLost(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
 	client := connectSDK(t, "http://"+upstream+"/mcp", "2025-11-25")
-	cut := client.cutAfter(4, false)
+	cut := client.CutAfter(4, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := countTo(ctx, client.session, 12, 150)
+	_, err := countTo(ctx, client.Session, 12, 150)
 	<-cut
 	if err == nil {
 		t.Fatal("the call survived a cut without the proxy; the server must have become resumable")
 	}
-	t.Logf("without the proxy the call fails: %v (progress seen: %v)", err, client.progressSeen())
+	t.Logf("without the proxy the call fails: %v (progress seen: %v)", err, client.ProgressSeen())
 }
 
 // Server-initiated notifications on the standalone GET stream survive a cut
@@ -204,14 +108,14 @@ func TestStandaloneStreamSurvivesConnectionCut(t *testing.T) {
 				s := adminSessions(t, c)
 				return len(s) == 1 && len(s[0].Streams) == 1
 			})
-			cut := client.cutAfter(3, reset)
-			if _, err := client.session.CallTool(ctx, &mcp.CallToolParams{Name: "notify", Arguments: map[string]any{"n": n, "interval_ms": 150}}); err != nil {
+			cut := client.CutAfter(3, reset)
+			if _, err := client.Session.CallTool(ctx, &mcp.CallToolParams{Name: "notify", Arguments: map[string]any{"n": n, "interval_ms": 150}}); err != nil {
 				t.Fatal(err)
 			}
 			<-cut
-			harness.WaitFor(t, 20*time.Second, "all notices", func() bool { return len(client.noticesSeen()) >= n })
+			harness.WaitFor(t, 20*time.Second, "all notices", func() bool { return len(client.NoticesSeen()) >= n })
 			time.Sleep(300 * time.Millisecond) // a duplicate would arrive now
-			got := client.noticesSeen()
+			got := client.NoticesSeen()
 			if len(got) != n {
 				t.Fatalf("got %d notices, want %d: %v", len(got), n, got)
 			}

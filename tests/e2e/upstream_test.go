@@ -38,21 +38,21 @@ func TestFollowsAnUpstreamThatClosesItsStreams(t *testing.T) {
 			before := metric(t, c, `caddy_mcp_resume_upstream_reconnects_total{outcome="resumed"}`)
 			client := connectSDK(t, c.Base()+"/mcp", "2025-11-25")
 			if tc.cutAt > 0 {
-				client.cutAfter(tc.cutAt, tc.reset)
+				client.CutAfter(tc.cutAt, tc.reset)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			params := countParams(10, 100)
 			params.Arguments.(map[string]any)["close_after"] = 4
 			params.Arguments.(map[string]any)["retry_ms"] = 200
-			res, err := client.session.CallTool(ctx, params)
+			res, err := client.Session.CallTool(ctx, params)
 			if err != nil {
 				t.Fatalf("call through the proxy: %v", err)
 			}
 			if got := resultText(res); got != "counted to 10" {
 				t.Fatalf("result %q", got)
 			}
-			assertOnceInOrder(t, client.progressAfterCall(10), 10)
+			assertOnceInOrder(t, client.ProgressAfterCall(10), 10)
 			if after := metric(t, c, `caddy_mcp_resume_upstream_reconnects_total{outcome="resumed"}`); after <= before {
 				t.Fatalf("upstream_reconnects_total{outcome=resumed} did not move (%v -> %v): the upstream's close was not followed", before, after)
 			}
@@ -76,17 +76,12 @@ func TestFollowsAnUpstreamConnectionThatDrops(t *testing.T) {
 			t.Cleanup(func() { relay.Close() })
 			c := harness.StartCaddy(t, mcptest.ResumeRoute(relay.Addr(), ""))
 			client := connectSDK(t, c.Base()+"/mcp", "2025-11-25")
-			go func() {
-				for i := 0; i < 3; i++ {
-					<-client.seen
-				}
-				relay.Cut(true) // the path to the upstream, not the client's
-			}()
+			client.After(3, func() int { return relay.Cut(true) }) // the path to the upstream, not the client's
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			start := time.Now()
-			getsBefore := client.gets.Load()
-			res, err := client.session.CallTool(ctx, countParams(8, 150))
+			getsBefore := client.Gets.Load()
+			res, err := client.Session.CallTool(ctx, countParams(8, 150))
 			if withStore {
 				if err != nil {
 					t.Fatalf("call: %v", err)
@@ -94,7 +89,7 @@ func TestFollowsAnUpstreamConnectionThatDrops(t *testing.T) {
 				if got := resultText(res); got != "counted to 8" {
 					t.Fatalf("result %q", got)
 				}
-				assertOnceInOrder(t, client.progressAfterCall(8), 8)
+				assertOnceInOrder(t, client.ProgressAfterCall(8), 8)
 				return
 			}
 			if err == nil || !strings.Contains(err.Error(), "lost (upstream_failed)") {
@@ -104,7 +99,7 @@ func TestFollowsAnUpstreamConnectionThatDrops(t *testing.T) {
 				t.Fatalf("the failure took %v", d)
 			}
 			time.Sleep(time.Second) // a client that loops would be reconnecting now
-			if n := client.gets.Load() - getsBefore; n > 1 {
+			if n := client.Gets.Load() - getsBefore; n > 1 {
 				t.Fatalf("the client sent %d GETs after the failure: it reconnects in a loop", n)
 			}
 		})
@@ -123,12 +118,12 @@ func TestFollowsAStandaloneStreamTheServerCloses(t *testing.T) {
 	const n = 20
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := client.session.CallTool(ctx, notifyParams(n, 500)); err != nil {
+	if _, err := client.Session.CallTool(ctx, notifyParams(n, 500)); err != nil {
 		t.Fatalf("notify: %v", err)
 	}
-	harness.WaitFor(t, 20*time.Second, fmt.Sprintf("%d notices", n), func() bool { return len(client.noticesSeen()) >= n })
+	harness.WaitFor(t, 20*time.Second, fmt.Sprintf("%d notices", n), func() bool { return len(client.NoticesSeen()) >= n })
 	time.Sleep(500 * time.Millisecond) // and no more
-	got := client.noticesSeen()
+	got := client.NoticesSeen()
 	if len(got) != n {
 		t.Fatalf("got %d notices, want %d: %q", len(got), n, got)
 	}

@@ -1,0 +1,337 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/natsstore"
+)
+
+func init() {
+	caddy.RegisterModule(MemoryStore{})
+	caddy.RegisterModule(NATSStore{})
+}
+
+// StoreModule is a retention store backend, a module in the
+// mcp_resume.stores namespace: memory (the default) or nats.
+type StoreModule interface {
+	// OpenStore opens the store of a zone. It may block (connecting), until
+	// ctx ends.
+	OpenStore(ctx context.Context, zone string, o StoreOptions) (buffer.Store, error)
+	// Shared reports a store other processes see: on exit, a replica drains
+	// its upstream reads into it instead of cancelling them.
+	Shared() bool
+}
+
+// StoreOptions is what every store gets from the handler.
+type StoreOptions struct {
+	Limits buffer.Limits
+	Hooks  buffer.Hooks
+	Logger *zap.Logger
+	// OnError is told of every failed operation of a store that can fail
+	// (a shared store), by operation.
+	OnError func(op string, err error)
+	// MaxEventBytes is the handler's max_event_bytes: a shared store must
+	// take such an event in one message.
+	MaxEventBytes int64
+}
+
+// MemoryStore keeps retention in this process's memory: the default. A
+// reload keeps it; a restart does not.
+type MemoryStore struct{}
+
+// CaddyModule returns the Caddy module information.
+func (MemoryStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "mcp_resume.stores.memory",
+		New: func() caddy.Module { return new(MemoryStore) },
+	}
+}
+
+// OpenStore implements StoreModule.
+func (MemoryStore) OpenStore(_ context.Context, zone string, o StoreOptions) (buffer.Store, error) {
+	return buffer.NewMemoryStore(buffer.Options{Limits: o.Limits, Hooks: o.Hooks, Key: zoneSecret(zone, o.Logger)}), nil
+}
+
+// Shared implements StoreModule.
+func (MemoryStore) Shared() bool { return false }
+
+// UnmarshalCaddyfile implements caddyfile.Unmarshaler: `store memory`.
+func (MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if d.NextArg() || d.NextBlock(d.Nesting()) {
+		return d.Err("store memory: takes no options")
+	}
+	return nil
+}
+
+// NATSStore keeps retention in NATS JetStream, shared by every Caddy that
+// names the same NATS system and zone: a client may resume on any replica,
+// and a restart or a rolling deploy loses nothing. natsstore/DESIGN.md says
+// where each piece of state lives.
+type NATSStore struct {
+	// NATS server URLs (nats://host:4222, tls://host:4222). Either urls or
+	// embedded.
+	URLs []string `json:"urls,omitempty"`
+
+	// Embedded runs a single-node JetStream server inside Caddy, storing in
+	// Dir: retention that survives restarts with no other process. Other
+	// processes cannot share it.
+	Embedded bool `json:"embedded,omitempty"`
+
+	// Storage directory of the embedded server. Default: the "mcp_resume/nats"
+	// folder in Caddy's data directory.
+	Dir string `json:"dir,omitempty"`
+
+	// Replicas of the zone's JetStream stream and buckets: 1, 3 or 5 (a
+	// cluster of at least that many servers). Default: 1.
+	Replicas int `json:"replicas,omitempty"`
+
+	// Authentication: a credentials file (NKey/JWT), a token, or a user and
+	// password. Placeholders such as {env.NATS_TOKEN} are replaced.
+	CredentialsFile string `json:"credentials,omitempty"`
+	Token           string `json:"token,omitempty"`
+	User            string `json:"user,omitempty"`
+	Password        string `json:"password,omitempty"`
+
+	// TLS: the CA that signs the servers' certificates, and a client
+	// certificate and key for mutual TLS.
+	TLSCA   string `json:"tls_ca,omitempty"`
+	TLSCert string `json:"tls_cert,omitempty"`
+	TLSKey  string `json:"tls_key,omitempty"`
+
+	// Prefix of the zone's stream, buckets and subjects; proxies of different
+	// deployments sharing one NATS system need different prefixes. Default:
+	// "mcpr_<zone>".
+	Prefix string `json:"prefix,omitempty"`
+
+	// How long a stopping Caddy keeps reading its upstream responses into
+	// the store (not taking new calls) before it fails the rest. Caddy's
+	// grace_period, if shorter, bounds it too. Default: 20s.
+	DrainTimeout caddy.Duration `json:"drain_timeout,omitempty"`
+
+	// How long a producer's lease outlives a replica that died without
+	// stopping: after it, another replica fails the dead producer's streams.
+	// Default: 15s.
+	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+}
+
+// DefaultDrainTimeout is under Kubernetes' default termination grace (30s),
+// so a replica ends its streams itself before it is killed.
+const DefaultDrainTimeout = 20 * time.Second
+
+// CaddyModule returns the Caddy module information.
+func (NATSStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "mcp_resume.stores.nats",
+		New: func() caddy.Module { return new(NATSStore) },
+	}
+}
+
+var natsPrefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
+
+// Validate checks the configuration; errors name the option.
+func (n *NATSStore) Validate() error {
+	auth := 0
+	for _, set := range []bool{n.CredentialsFile != "", n.Token != "", n.User != ""} {
+		if set {
+			auth++
+		}
+	}
+	switch {
+	case n.Embedded && len(n.URLs) > 0:
+		return fmt.Errorf("store nats: use either url or embedded, not both")
+	case !n.Embedded && len(n.URLs) == 0:
+		return fmt.Errorf("store nats: needs url <nats://host:port...> or embedded [<dir>]")
+	case n.Replicas != 0 && n.Replicas != 1 && n.Replicas != 3 && n.Replicas != 5:
+		return fmt.Errorf("store nats: replicas (%d) must be 1, 3 or 5", n.Replicas)
+	case n.Embedded && n.Replicas > 1:
+		return fmt.Errorf("store nats: replicas (%d) needs a NATS cluster; the embedded server is a single node", n.Replicas)
+	case auth > 1:
+		return fmt.Errorf("store nats: use one of credentials, token, or user")
+	case n.User == "" && n.Password != "":
+		return fmt.Errorf("store nats: password without user")
+	case (n.TLSCert == "") != (n.TLSKey == ""):
+		return fmt.Errorf("store nats: tls_client needs both a certificate and a key")
+	case n.Prefix != "" && !natsPrefixRE.MatchString(n.Prefix):
+		return fmt.Errorf("store nats: prefix %q: use 1 to 32 letters, digits, '_' or '-'", n.Prefix)
+	case n.DrainTimeout < 0 || n.LeaseTTL < 0:
+		return fmt.Errorf("store nats: durations must be positive")
+	case n.LeaseTTL != 0 && time.Duration(n.LeaseTTL) < time.Second:
+		return fmt.Errorf("store nats: lease_ttl (%s) must be at least 1s", time.Duration(n.LeaseTTL))
+	}
+	for _, u := range n.URLs {
+		if !strings.Contains(u, "://") {
+			return fmt.Errorf("store nats: url %q: expected nats://host:port (or tls://, ws://)", u)
+		}
+	}
+	return nil
+}
+
+// OpenStore implements StoreModule.
+func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (buffer.Store, error) {
+	repl := caddy.NewReplacer()
+	prefix := n.Prefix
+	if prefix == "" {
+		prefix = "mcpr_" + zone
+	}
+	dir := repl.ReplaceKnown(n.Dir, "")
+	if n.Embedded && dir == "" {
+		dir = filepath.Join(caddy.AppDataDir(), "mcp_resume", "nats")
+	}
+	urls := make([]string, len(n.URLs))
+	for i, u := range n.URLs {
+		urls[i] = repl.ReplaceKnown(u, "")
+	}
+	st, err := natsstore.Open(ctx, natsstore.Options{
+		URLs:            urls,
+		Embedded:        n.Embedded,
+		Dir:             dir,
+		Replicas:        n.Replicas,
+		CredentialsFile: repl.ReplaceKnown(n.CredentialsFile, ""),
+		Token:           repl.ReplaceKnown(n.Token, ""),
+		User:            repl.ReplaceKnown(n.User, ""),
+		Password:        repl.ReplaceKnown(n.Password, ""),
+		TLSCAFile:       repl.ReplaceKnown(n.TLSCA, ""),
+		TLSCertFile:     repl.ReplaceKnown(n.TLSCert, ""),
+		TLSKeyFile:      repl.ReplaceKnown(n.TLSKey, ""),
+		Prefix:          prefix,
+		Limits:          o.Limits,
+		Hooks:           o.Hooks,
+		LeaseTTL:        time.Duration(n.LeaseTTL),
+		FailureSignals:  failureSignals,
+		OnError:         o.OnError,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if max := st.MaxPayload(); o.MaxEventBytes+eventFraming > max {
+		st.Close()
+		return nil, fmt.Errorf("max_event_bytes (%d) must be at least %d bytes below what the NATS servers take in one message (max_payload less headers: %d); lower it or raise max_payload",
+			o.MaxEventBytes, eventFraming, max)
+	}
+	return st, nil
+}
+
+// Shared implements StoreModule.
+func (NATSStore) Shared() bool { return true }
+
+func (n NATSStore) drainTimeout() time.Duration {
+	if n.DrainTimeout > 0 {
+		return time.Duration(n.DrainTimeout)
+	}
+	return DefaultDrainTimeout
+}
+
+// UnmarshalCaddyfile implements caddyfile.Unmarshaler. Syntax:
+//
+//	store nats {
+//	    url           <nats://host:port...>
+//	    embedded      [<dir>]
+//	    replicas      <1|3|5>
+//	    credentials   <file>
+//	    token         <token>
+//	    user          <user> <password>
+//	    tls_ca        <file>
+//	    tls_client    <cert file> <key file>
+//	    prefix        <name>
+//	    drain_timeout <duration>
+//	    lease_ttl     <duration>
+//	}
+func (n *NATSStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // "nats"
+	if d.NextArg() {
+		return d.Errf("store nats: options go in a block, e.g. store nats { url nats://127.0.0.1:4222 }")
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		name := d.Val()
+		args := d.RemainingArgs()
+		one := func(dst *string, example string) error {
+			if len(args) != 1 {
+				return d.Errf("store nats: %s: expected one value, e.g. %s %s", name, name, example)
+			}
+			*dst = args[0]
+			return nil
+		}
+		var err error
+		switch name {
+		case "url":
+			if len(args) == 0 {
+				return d.Errf("store nats: url: expected one or more URLs, e.g. url nats://n1:4222 nats://n2:4222")
+			}
+			for _, a := range args {
+				for _, u := range strings.Split(a, ",") {
+					if u = strings.TrimSpace(u); u != "" {
+						n.URLs = append(n.URLs, u)
+					}
+				}
+			}
+		case "embedded":
+			if len(args) > 1 {
+				return d.Errf("store nats: embedded: expected at most a directory")
+			}
+			n.Embedded = true
+			if len(args) == 1 {
+				n.Dir = args[0]
+			}
+		case "replicas":
+			var v string
+			if err = one(&v, "3"); err == nil {
+				if _, err = fmt.Sscanf(v, "%d", &n.Replicas); err != nil {
+					return d.Errf("store nats: replicas: %q is not a number", v)
+				}
+			}
+		case "credentials":
+			err = one(&n.CredentialsFile, "/etc/nats/proxy.creds")
+		case "token":
+			err = one(&n.Token, "{env.NATS_TOKEN}")
+		case "user":
+			if len(args) != 2 {
+				return d.Errf("store nats: user: expected a user and a password, e.g. user caddy {env.NATS_PASSWORD}")
+			}
+			n.User, n.Password = args[0], args[1]
+		case "tls_ca":
+			err = one(&n.TLSCA, "/etc/nats/ca.pem")
+		case "tls_client":
+			if len(args) != 2 {
+				return d.Errf("store nats: tls_client: expected a certificate and a key file")
+			}
+			n.TLSCert, n.TLSKey = args[0], args[1]
+		case "prefix":
+			err = one(&n.Prefix, "mcpr_prod")
+		case "drain_timeout", "lease_ttl":
+			var v string
+			if err = one(&v, "30s"); err == nil {
+				dur, perr := caddy.ParseDuration(v)
+				if perr != nil || dur <= 0 {
+					return d.Errf("store nats: %s: %q is not a positive duration", name, v)
+				}
+				*map[string]*caddy.Duration{"drain_timeout": &n.DrainTimeout, "lease_ttl": &n.LeaseTTL}[name] = caddy.Duration(dur)
+			}
+		default:
+			return d.Errf("store nats: unrecognized option %q", name)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Interface guards
+var (
+	_ StoreModule           = MemoryStore{}
+	_ StoreModule           = NATSStore{}
+	_ caddy.Validator       = (*NATSStore)(nil)
+	_ caddyfile.Unmarshaler = (*NATSStore)(nil)
+	_ caddyfile.Unmarshaler = (*MemoryStore)(nil)
+)

@@ -1,0 +1,161 @@
+package shared
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// replica is one Caddy process of the deployment.
+type replica struct {
+	*mcptest.Process
+	name string
+}
+
+func (r *replica) addr() string {
+	return fmt.Sprintf("127.0.0.1:%d", r.Config.Sites[0].Port)
+}
+
+func (r *replica) admin() string { return fmt.Sprintf("http://localhost:%d", r.Config.AdminPort) }
+
+// deployment is N Caddy replicas with the shared store, a load balancer
+// in front of them (a TCP relay whose target the test moves) and the
+// demo MCP server behind them.
+type deployment struct {
+	t        *testing.T
+	replicas []*replica
+	lb       *mcptest.Relay
+	upstream string
+}
+
+// storeNATS is the store block for JetStream servers at urls.
+func storeNATS(urls []string, extra string) string {
+	return fmt.Sprintf("store nats {\n url %s\n lease_ttl 2s\n drain_timeout 15s\n %s\n}", strings.Join(urls, " "), extra)
+}
+
+// deploy starts n replicas whose mcp_resume block holds store (e.g.
+// storeNATS(...)), and a load balancer sending to the first.
+func deploy(t *testing.T, n int, store string, upstreamOpts demoserver.Options) *deployment {
+	t.Helper()
+	d := &deployment{t: t, upstream: harness.StartDemo(t, upstreamOpts)}
+	for i := 0; i < n; i++ {
+		d.replicas = append(d.replicas, d.start(fmt.Sprintf("r%d", i+1), store))
+	}
+	lb, err := mcptest.NewRelay(d.replicas[0].addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lb.Close() })
+	d.lb = lb
+	return d
+}
+
+func (d *deployment) start(name, store string) *replica {
+	t := d.t
+	t.Helper()
+	cfg := mcptest.Config{AdminPort: harness.FreePort(t), HTTPPort: harness.FreePort(t), HTTPSPort: harness.FreePort(t),
+		Grace: "30s", LogLevel: "INFO",
+		Sites: []mcptest.Site{{Port: harness.FreePort(t), Body: mcptest.ResumeRoute(d.upstream, store)}}}
+	p, err := mcptest.StartProcess(caddyBin, t.TempDir(), cfg)
+	if err != nil {
+		t.Fatalf("replica %s: %v", name, err)
+	}
+	r := &replica{Process: p, name: name}
+	t.Cleanup(func() {
+		if !r.Exited() {
+			r.Kill()
+		}
+		if strings.Contains(r.Logs(), "DATA RACE") {
+			t.Errorf("replica %s: the race detector found a data race", name)
+		}
+		if t.Failed() {
+			t.Logf("replica %s logs:\n%s", name, r.Logs())
+		}
+	})
+	// The store connects once Caddy has started: wait for it.
+	harness.WaitFor(t, 30*time.Second, "replica "+name+" connected to the shared store", func() bool {
+		m, err := mcptest.ScrapeMetrics(r.admin() + "/metrics")
+		if err != nil {
+			return false
+		}
+		up, _ := m.Sum("caddy_mcp_resume_store_up")
+		return up == 1
+	})
+	return r
+}
+
+// client connects an SDK client through the load balancer.
+func (d *deployment) client(version string) *mcptest.SDKClient {
+	d.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := mcptest.ConnectSDK(ctx, "http://"+d.lb.Addr()+"/mcp", version, 12)
+	if err != nil {
+		d.t.Fatalf("connect: %v", err)
+	}
+	d.t.Cleanup(func() { c.Session.Close() })
+	return c
+}
+
+// moveTo sends the load balancer's new connections to r and cuts the open
+// ones: every client reconnects, to r.
+func (d *deployment) moveTo(r *replica) int {
+	d.lb.SetTarget(r.addr())
+	return d.lb.Cut(false)
+}
+
+// natsURLs are the client URLs of servers.
+func natsURLs(servers ...*server.Server) []string {
+	var urls []string
+	for _, s := range servers {
+		urls = append(urls, s.ClientURL())
+	}
+	return urls
+}
+
+func startNATS(t *testing.T) *server.Server {
+	t.Helper()
+	s, err := mcptest.StartNATS(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { mcptest.ShutdownNATS(s) })
+	return s
+}
+
+func callCount(t *testing.T, c *mcptest.SDKClient, n, intervalMS int) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := c.Session.CallTool(ctx, mcptest.CountParams(n, intervalMS))
+	if err != nil {
+		t.Fatalf("call: %v", err)
+	}
+	return mcptest.ResultText(res)
+}
+
+func assertOnceInOrder(t *testing.T, c *mcptest.SDKClient, n int) {
+	t.Helper()
+	if err := mcptest.OnceInOrder(c.ProgressAfterCall(n), n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// metric is the sum of a metric's series on replica r.
+func metric(t *testing.T, r *replica, name string) float64 {
+	t.Helper()
+	m, err := mcptest.ScrapeMetrics(r.admin() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, _ := m.Sum(name)
+	return v
+}
