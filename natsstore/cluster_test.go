@@ -71,9 +71,14 @@ func startCluster(t *testing.T) []*server.Server {
 	if t.Failed() {
 		t.FailNow()
 	}
-	waitUntil(t, "a JetStream meta leader", 30*time.Second, func() bool {
+	waitUntil(t, "a JetStream meta group of three, all current", 60*time.Second, func() bool {
 		for _, s := range servers {
-			if s.JetStreamIsLeader() {
+			if s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) == n {
+				for _, o := range servers {
+					if !o.JetStreamIsCurrent() {
+						return false
+					}
+				}
 				return true
 			}
 		}

@@ -250,13 +250,20 @@ func (st *Store) provision(ctx context.Context) error {
 // provisioning retries fn while the cluster is still forming (no leader,
 // peers not yet known to it) until ctx ends.
 func provisioning(ctx context.Context, fn func() error) error {
+	var why error // the last refusal other than running out of time
 	for round := 0; ; round++ {
 		err := fn()
 		var api *jetstream.APIError
 		if err == nil || !transient(err) && !(errors.As(err, &api) && api.ErrorCode == errCodeNoPeers) {
 			return err
 		}
+		if ctx.Err() == nil {
+			why = err
+		}
 		if !sleepCtx(ctx, backoff(round)) {
+			if why != nil {
+				return fmt.Errorf("%w (last: %v)", ctx.Err(), why)
+			}
 			return err
 		}
 	}

@@ -76,7 +76,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	rec := &sessionRecord{ID: id, Epoch: eventid.NewEpoch(st.key, id), Version: meta.Version,
 		Fingerprint: meta.Fingerprint[:], BindHeaders: meta.BindHeaders, Origin: meta.Origin,
 		Created: now, LastActive: now, NextStream: 1}
-	tomb, tombRev, hasTomb := st.tombs.get(sh)
+	tomb, tombRev, hasTomb := st.tombs.lookup(ctx, sh)
 	if hasTomb && tomb.ID == id {
 		rec.Past = append([]buffer.Past{tomb.Past}, tomb.Earlier...)
 		if len(rec.Past) > maxPast {
@@ -136,9 +136,13 @@ func (st *Store) Session(id string) (buffer.Session, bool) {
 	return st.handle(rec), true
 }
 
-// Tombstone implements buffer.Store.
+// Tombstone implements buffer.Store. It reads through to KV on a miss:
+// the watch that brings a tombstone is not ordered with the one that
+// brings its session's end.
 func (st *Store) Tombstone(id string) (buffer.Tombstone, bool) {
-	t, _, ok := st.tombs.get(sessionToken(id))
+	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
+	defer cancel()
+	t, _, ok := st.tombs.lookup(ctx, sessionToken(id))
 	if !ok || t.ID != id || time.Since(t.Ended) >= st.opts.TombstoneTTL {
 		return buffer.Tombstone{}, false
 	}

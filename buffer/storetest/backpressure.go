@@ -189,7 +189,7 @@ func testBlockedAppendEnds(t *testing.T, e *env) {
 func testStall(t *testing.T, e *env) {
 	lim := bigLimits()
 	lim.MaxStreamBytes = 4 << 10
-	lim.StallTimeout = 800 * time.Millisecond // longer than fill takes to see the block
+	lim.StallTimeout = 1200 * time.Millisecond // well above what fill takes to see the block
 	st := e.store(lim)
 	str := mustStream(t, mustSession(t, st, "s1"))
 	start := time.Now()
@@ -268,7 +268,7 @@ func testFastReaderNeverStalls(t *testing.T, e *env) {
 func testProgressingReaderNeverStalls(t *testing.T, e *env) {
 	lim := bigLimits()
 	lim.MaxStreamBytes = 4 << 10
-	lim.StallTimeout = time.Second
+	lim.StallTimeout = 2 * time.Second // well above a delivery's spacing, even on a loaded machine
 	st := e.store(lim)
 	str := mustStream(t, mustSession(t, st, "s1"))
 	n, blocked := fill(t, str, bigSize, 100)
@@ -283,7 +283,7 @@ func testProgressingReaderNeverStalls(t *testing.T, e *env) {
 		r.Delivered(evs[len(evs)-1].Seq)
 		assertBlocked(t, blocked, time.Millisecond)
 	}
-	time.Sleep(2 * lim.StallTimeout) // caught up now: still not stalled
+	time.Sleep(lim.StallTimeout * 5 / 4) // caught up now: still not stalled
 	assertBlocked(t, blocked, time.Millisecond)
 	ack(t, str, uint64(n)) // the client resumes from n: room
 	if res := awaitAppend(t, blocked); res.err != nil {
