@@ -6,10 +6,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/nats-io/nats-server/v2/server"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -192,10 +194,21 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 	for i, u := range n.URLs {
 		urls[i] = repl.ReplaceKnown(u, "")
 	}
-	st, err := natsstore.Open(ctx, natsstore.Options{
+	var srv *embeddedServer
+	if n.Embedded {
+		var err error
+		if srv, err = loadEmbedded(dir); err != nil {
+			return nil, err
+		}
+	}
+	var once sync.Once
+	release := func() {
+		if srv != nil {
+			once.Do(func() { embeddedServers.Delete(srv.dir) })
+		}
+	}
+	opts := natsstore.Options{
 		URLs:            urls,
-		Embedded:        n.Embedded,
-		Dir:             dir,
 		Replicas:        n.Replicas,
 		CredentialsFile: repl.ReplaceKnown(n.CredentialsFile, ""),
 		Token:           repl.ReplaceKnown(n.Token, ""),
@@ -210,16 +223,72 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 		LeaseTTL:        time.Duration(n.LeaseTTL),
 		FailureSignals:  failureSignals,
 		OnError:         o.OnError,
-	})
+	}
+	if srv != nil {
+		opts.Server = srv.Server
+	}
+	st, err := natsstore.Open(ctx, opts)
 	if err != nil {
+		release()
 		return nil, err
 	}
 	if max := st.MaxPayload(); o.MaxEventBytes+eventFraming > max {
 		st.Close()
+		release()
 		return nil, fmt.Errorf("max_event_bytes (%d) must be at least %d bytes below what the NATS servers take in one message (max_payload less headers: %d); lower it or raise max_payload",
 			o.MaxEventBytes, eventFraming, max)
 	}
+	if srv != nil {
+		return &embeddedStore{Store: st, release: release}, nil
+	}
 	return st, nil
+}
+
+// embeddedServers are the embedded JetStream servers by storage directory:
+// zones that name the same directory share one (each under its own
+// prefix), since two servers cannot share a directory.
+var embeddedServers = caddy.NewUsagePool()
+
+type embeddedServer struct {
+	*server.Server
+	dir string
+}
+
+// Destruct implements caddy.Destructor.
+func (e *embeddedServer) Destruct() error {
+	e.Shutdown()
+	e.WaitForShutdown()
+	return nil
+}
+
+func loadEmbedded(dir string) (*embeddedServer, error) {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	v, _, err := embeddedServers.LoadOrNew(dir, func() (caddy.Destructor, error) {
+		srv, err := natsstore.StartEmbedded(dir, false)
+		if err != nil {
+			return nil, err
+		}
+		return &embeddedServer{Server: srv, dir: dir}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.(*embeddedServer), nil
+}
+
+// embeddedStore is a store on an embedded server: closing it lets the
+// server go once no zone uses it.
+type embeddedStore struct {
+	*natsstore.Store
+	release func()
+}
+
+// Close implements buffer.Store.
+func (s *embeddedStore) Close() {
+	s.Store.Close()
+	s.release()
 }
 
 // Shared implements StoreModule.

@@ -123,18 +123,21 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 }
 
 // progressSince is when the stall of an append blocked since blockedAt
-// counts from: the client's last delivery if later, or now while the
-// client has every event (it is keeping up; the window holds the room).
+// counts from: the client's last delivery if later, or now while a client
+// is attached and has every event (it is keeping up; the window holds the
+// room). A client that left with everything is not keeping up: the clock
+// runs, as in the memory store.
 // The record's deliveries are coalesced; a reader on this replica knows
 // its own at once.
 func (w *writer) progressSince(rec *streamRecord, blockedAt, now time.Time) time.Time {
 	delivered, sent := rec.Delivered, rec.lastDelivery()
+	attached := rec.readerAt(now, w.st.opts.LeaseTTL) != nil
 	if r := w.s.localReader(); r != nil {
 		d, at := r.progress()
-		delivered, sent = max(delivered, d), maxTime(sent, at)
+		delivered, sent, attached = max(delivered, d), maxTime(sent, at), true
 	}
-	if delivered >= w.head {
-		return now
+	if attached && delivered >= w.head {
+		return now // a client is here and has everything: it is keeping up
 	}
 	if sent.After(blockedAt) {
 		return sent

@@ -53,8 +53,9 @@ type Store struct {
 	total    totalBytes
 	unstored atomic.Int64 // bytes appended here and not yet stored
 
-	held    heldLeases
-	sweeper sweeperLease
+	held      heldLeases
+	sweeper   sweeperLease
+	admitting admissions
 }
 
 var _ buffer.Store = (*Store)(nil)
@@ -125,30 +126,15 @@ func (st *Store) connect() error {
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(false),
 	}
-	if o.Embedded {
-		sopts := &server.Options{
-			ServerName: "mcp-resume-" + o.ReplicaID,
-			JetStream:  true,
-			StoreDir:   o.Dir,
-			Host:       "127.0.0.1", // loopback only
-			Port:       server.RANDOM_PORT,
-			MaxPayload: embeddedMaxPayload,
-			MaxPending: embeddedMaxPayload,
-			NoLog:      !o.ServerLogs,
-			NoSigs:     true,
-		}
-		srv, err := server.NewServer(sopts)
+	switch {
+	case o.Server != nil:
+		copts = append(copts, nats.InProcessServer(o.Server))
+	case o.Embedded:
+		srv, err := StartEmbedded(o.Dir, o.ServerLogs)
 		if err != nil {
-			return fmt.Errorf("natsstore: embedded server: %w", err)
+			return err
 		}
-		if o.ServerLogs {
-			srv.ConfigureLogger()
-		}
-		srv.Start()
 		st.srv = srv
-		if !srv.ReadyForConnections(30 * time.Second) {
-			return errors.New("natsstore: the embedded server did not start")
-		}
 		copts = append(copts, nats.InProcessServer(srv))
 	}
 	switch {
@@ -183,6 +169,36 @@ func (st *Store) connect() error {
 	}
 	st.js = js
 	return nil
+}
+
+// StartEmbedded starts a single-node JetStream server in this process,
+// storing in dir and listening on loopback only (on a random port), as
+// Options.Embedded does. Several stores (zones) may share it through
+// Options.Server; the caller shuts it down.
+func StartEmbedded(dir string, logs bool) (*server.Server, error) {
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "mcp-resume-embedded",
+		JetStream:  true,
+		StoreDir:   dir,
+		Host:       "127.0.0.1", // loopback only
+		Port:       server.RANDOM_PORT,
+		MaxPayload: embeddedMaxPayload,
+		MaxPending: embeddedMaxPayload,
+		NoLog:      !logs,
+		NoSigs:     true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("natsstore: embedded server: %w", err)
+	}
+	if logs {
+		srv.ConfigureLogger()
+	}
+	srv.Start()
+	if !srv.ReadyForConnections(30 * time.Second) {
+		srv.Shutdown()
+		return nil, errors.New("natsstore: the embedded server did not start")
+	}
+	return srv, nil
 }
 
 // provision creates (or updates) the zone's stream and buckets.

@@ -19,6 +19,8 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
@@ -33,6 +35,10 @@ type Options struct {
 	Dir      string
 	// ServerLogs lets the embedded server log to stderr (off by default).
 	ServerLogs bool
+	// Server, if set, is an in-process server (see StartEmbedded) the store
+	// connects to; the caller runs it and shuts it down, so several stores
+	// can share it. URLs and Embedded are then ignored.
+	Server *server.Server
 
 	// Replicas of every JetStream stream and KV bucket (1 or 3; default 1).
 	Replicas int
@@ -112,10 +118,10 @@ func (o *Options) setDefaults() error {
 	if o.Replicas <= 0 {
 		o.Replicas = 1
 	}
-	if o.Embedded && o.Dir == "" {
+	if o.Embedded && o.Dir == "" && o.Server == nil {
 		return errors.New("natsstore: an embedded server needs a storage directory (Dir)")
 	}
-	if !o.Embedded && len(o.URLs) == 0 {
+	if !o.Embedded && o.Server == nil && len(o.URLs) == 0 {
 		return errors.New("natsstore: no NATS URLs, and no embedded server")
 	}
 	if o.SweepInterval <= 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -51,6 +52,38 @@ func (st *Store) sessionCounts() policy.SessionCounts {
 	return c
 }
 
+// admissions counts this replica's session creations in flight, so that
+// concurrent creates here cannot all pass admission on the same counts
+// before any of them reaches the mirror.
+type admissions struct {
+	mu      sync.Mutex
+	pending [4]int // by policy.SessionOrigin
+}
+
+// reserve decides admission on counts plus the creations in flight, and
+// holds a place if admitted.
+func (a *admissions) reserve(o policy.SessionOrigin, counts func() policy.SessionCounts) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := counts()
+	c.Sessions += a.pending[policy.Initialized] + a.pending[policy.Resumed]
+	c.Adopted += a.pending[policy.Adopted]
+	c.Untapped += a.pending[policy.Untapped]
+	if !policy.AdmitSession(o, c) {
+		return false
+	}
+	a.pending[o]++
+	return true
+}
+
+// release gives the place back once the session is in the mirror (or not
+// created after all).
+func (a *admissions) release(o policy.SessionOrigin) {
+	a.mu.Lock()
+	a.pending[o]--
+	a.mu.Unlock()
+}
+
 // Admit implements buffer.Store. Across replicas it is as exact as the
 // mirrors are current: two replicas may admit the last place at once.
 func (st *Store) Admit(o policy.SessionOrigin) bool {
@@ -67,9 +100,10 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 		}
 		return nil, fmt.Errorf("natsstore: session ID hash collision")
 	}
-	if !policy.AdmitSession(meta.Origin, st.sessionCounts()) {
+	if !st.admitting.reserve(meta.Origin, st.sessionCounts) {
 		return nil, buffer.ErrTooManySessions
 	}
+	defer st.admitting.release(meta.Origin)
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	now := time.Now().UnixNano()

@@ -100,10 +100,18 @@ func Isolate() (cleanup func(), err error) {
 // again.
 func Stop() error { return caddy.Stop() }
 
+// StoreBlock, if set, is a store subdirective ResumeRoute adds to every
+// mcp_resume block: the test suites run once with the default store and
+// once with this (see tests/harness.MainBothStores).
+var StoreBlock string
+
 // ResumeRoute is a site body as the README's typical use has it: on /mcp*,
 // mcp_resume with the given options (the lines of its block, "" for none)
 // in front of reverse_proxy to upstream (host:port).
 func ResumeRoute(upstream, moduleOptions string) string {
+	if StoreBlock != "" {
+		moduleOptions = StoreBlock + "\n" + moduleOptions
+	}
 	if moduleOptions != "" {
 		moduleOptions = "{\n" + moduleOptions + "\n}"
 	}

@@ -9,12 +9,15 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// StartNATS runs a JetStream server in this process, on a loopback port,
-// storing in dir. Shut it down with Shutdown and WaitForShutdown.
-func StartNATS(dir string) (*server.Server, error) {
-	port, err := FreePort()
-	if err != nil {
-		return nil, err
+// StartNATS runs a JetStream server in this process, on a loopback port
+// (0: any free one), storing in dir. Stop it with ShutdownNATS.
+func StartNATS(dir string, port int) (*server.Server, error) {
+	if port == 0 {
+		p, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		port = p
 	}
 	return startNATS(&server.Options{ServerName: "mcptest", Host: "127.0.0.1", Port: port, JetStream: true,
 		StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: 64 << 20, MaxPending: 64 << 20})

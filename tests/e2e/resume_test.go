@@ -267,6 +267,25 @@ func TestResumeAfterProxyRestartIsAGap(t *testing.T) {
 
 	call := rc.Resume(ids[1])
 	defer call.Body.Close()
+	if harness.SharedStore() {
+		// The store outlived the process: the session, its epoch and the
+		// call's events are all there. The call's upstream read ended with
+		// the process (an in-process stop does not drain), so its stream
+		// ends with the explicit failure: the gap, then the call's error.
+		evs := harness.ReadEvents(t, call, 0)
+		if len(evs) != 2 || evs[0].Type != "gap" || !strings.Contains(evs[0].Data, `"reason":"upstream_failed"`) ||
+			!strings.Contains(evs[1].Data, `"id":1`) || !strings.Contains(evs[1].Data, `"error"`) {
+			t.Fatalf("call stream after a restart with the shared store: %+v; want the gap and the call's error", evs)
+		}
+		resp := rc.Resume(standaloneID)
+		defer resp.Body.Close()
+		resp2 := rc.Call(2, "count", map[string]any{"n": 1, "interval_ms": 1})
+		defer resp2.Body.Close()
+		if evs := harness.ReadEvents(t, resp2, 0); mustParse(t, evs[0].ID).Epoch != mustParse(t, ids[0]).Epoch {
+			t.Fatalf("the session's epoch changed across a restart with the shared store: %+v", evs)
+		}
+		return
+	}
 	evs := harness.ReadEvents(t, call, 1)
 	if evs[0].Type != "gap" || !strings.Contains(evs[0].Data, `"reason":"proxy_restarted"`) {
 		t.Fatalf("call stream: want a proxy_restarted gap, got %+v", evs)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -32,6 +33,44 @@ func Main(m *testing.M) {
 	cleanup()
 	os.Exit(code)
 }
+
+// storeEnv selects the store the suite runs against: "" (memory) or "nats".
+const storeEnv = "MCPR_TEST_STORE"
+
+// MainBothStores is Main for suites whose guarantees both stores must keep:
+// it runs the tests with the memory store, then again (in a child process,
+// same flags) with every mcp_resume block given the JetStream store,
+// embedded, in a directory of its own per Caddy started.
+func MainBothStores(m *testing.M) {
+	if os.Getenv(storeEnv) == "nats" {
+		mcptest.StoreBlock = "store nats {\n embedded {env." + storeDirEnv + "}\n}"
+		Main(m)
+	}
+	cleanup, err := mcptest.Isolate()
+	if err != nil {
+		panic(err)
+	}
+	code := m.Run()
+	cleanup()
+	if code == 0 {
+		fmt.Fprintln(os.Stderr, "--- the same tests with the JetStream store (store nats { embedded })")
+		cmd := exec.Command(os.Args[0], os.Args[1:]...)
+		cmd.Env = append(os.Environ(), storeEnv+"=nats")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		if err := cmd.Run(); err != nil {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// SharedStore reports whether this run of the suite uses the JetStream
+// store, for the few answers that differ: a restart loses nothing.
+func SharedStore() bool { return mcptest.StoreBlock != "" }
+
+// storeDirEnv names the embedded JetStream directory of the Caddy being
+// started: a new one per StartCaddy, the same across its reloads.
+const storeDirEnv = "MCPR_TEST_STORE_DIR"
 
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
@@ -74,6 +113,9 @@ func StartCaddyWithGlobal(t testing.TB, global, site string) *Caddy {
 func StartCaddyWithSites(t testing.TB, global, site string, more ...mcptest.Site) *Caddy {
 	t.Helper()
 	c := &Caddy{HTTPPort: FreePort(t), AdminPort: FreePort(t)}
+	if mcptest.StoreBlock != "" {
+		os.Setenv(storeDirEnv, t.TempDir())
+	}
 	err := mcptest.Load(mcptest.Config{
 		AdminPort: c.AdminPort, HTTPPort: c.HTTPPort, HTTPSPort: FreePort(t), Global: global,
 		Sites: append([]mcptest.Site{{Port: c.HTTPPort, Body: site}}, more...),

@@ -47,7 +47,7 @@ func deploy(t *testing.T, n int, store string, upstreamOpts demoserver.Options) 
 	t.Helper()
 	d := &deployment{t: t, upstream: harness.StartDemo(t, upstreamOpts)}
 	for i := 0; i < n; i++ {
-		d.replicas = append(d.replicas, d.start(fmt.Sprintf("r%d", i+1), store))
+		d.replicas = append(d.replicas, d.start(fmt.Sprintf("r%d", i+1), store, true))
 	}
 	lb, err := mcptest.NewRelay(d.replicas[0].addr())
 	if err != nil {
@@ -58,7 +58,8 @@ func deploy(t *testing.T, n int, store string, upstreamOpts demoserver.Options) 
 	return d
 }
 
-func (d *deployment) start(name, store string) *replica {
+// start starts a replica; connected waits until its store is connected.
+func (d *deployment) start(name, store string, connected bool) *replica {
 	t := d.t
 	t.Helper()
 	cfg := mcptest.Config{AdminPort: harness.FreePort(t), HTTPPort: harness.FreePort(t), HTTPSPort: harness.FreePort(t),
@@ -80,16 +81,23 @@ func (d *deployment) start(name, store string) *replica {
 			t.Logf("replica %s logs:\n%s", name, r.Logs())
 		}
 	})
-	// The store connects once Caddy has started: wait for it.
-	harness.WaitFor(t, 30*time.Second, "replica "+name+" connected to the shared store", func() bool {
+	if connected { // the store connects once Caddy has started
+		r.waitStoreUp(t, 1)
+	}
+	return r
+}
+
+// waitStoreUp waits until the replica's store_up gauge is up.
+func (r *replica) waitStoreUp(t *testing.T, up float64) {
+	t.Helper()
+	harness.WaitFor(t, 30*time.Second, fmt.Sprintf("replica %s store_up %v", r.name, up), func() bool {
 		m, err := mcptest.ScrapeMetrics(r.admin() + "/metrics")
 		if err != nil {
 			return false
 		}
-		up, _ := m.Sum("caddy_mcp_resume_store_up")
-		return up == 1
+		v, ok := m.Sum("caddy_mcp_resume_store_up")
+		return ok && v == up
 	})
-	return r
 }
 
 // client connects an SDK client through the load balancer.
@@ -123,7 +131,7 @@ func natsURLs(servers ...*server.Server) []string {
 
 func startNATS(t *testing.T) *server.Server {
 	t.Helper()
-	s, err := mcptest.StartNATS(t.TempDir())
+	s, err := mcptest.StartNATS(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
-	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
 // restart stops r with SIGTERM (it drains), waits for it to exit, and
@@ -24,11 +23,7 @@ func (d *deployment) restart(r *replica) {
 	if err := r.Start(); err != nil {
 		d.t.Fatalf("restart %s: %v", r.name, err)
 	}
-	harness.WaitFor(d.t, 30*time.Second, "replica "+r.name+" connected again", func() bool {
-		m, err := mcptest.ScrapeMetrics(r.admin() + "/metrics")
-		up, _ := m.Sum("caddy_mcp_resume_store_up")
-		return err == nil && up == 1
-	})
+	r.waitStoreUp(d.t, 1)
 }
 
 // The only replica, with the embedded JetStream store in its data
