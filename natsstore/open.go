@@ -55,6 +55,7 @@ type Store struct {
 
 	held    heldLeases
 	sweeper sweeperLease
+	reading sync.Map // *reader -> its iterator, while its consumer runs
 }
 
 var _ buffer.Store = (*Store)(nil)
@@ -369,6 +370,10 @@ func (st *Store) close() {
 func (st *Store) shutdown() {
 	st.closing.Store(true)
 	st.cancel()
+	st.reading.Range(func(_, it any) bool { // readers whose relay has yet to close them
+		it.(jetstream.MessagesContext).Stop()
+		return true
+	})
 	st.wg.Wait()
 	if st.nc != nil {
 		st.nc.Close()
