@@ -56,6 +56,7 @@ type Store struct {
 	held      heldLeases
 	sweeper   sweeperLease
 	admitting admissions
+	reading   sync.Map // *reader -> its iterator, while its consumer runs
 }
 
 var _ buffer.Store = (*Store)(nil)
@@ -209,7 +210,7 @@ func (st *Store) provision(ctx context.Context) error {
 		maxBytes = l.MaxTotalBytes
 	}
 	var ev jetstream.Stream
-	err := provisioning(ctx, func() (err error) {
+	err := provisioning(ctx, func(ctx context.Context) (err error) {
 		ev, err = st.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 			Name:     n.events,
 			Subjects: []string{n.evPrefix + ">"},
@@ -244,7 +245,7 @@ func (st *Store) provision(ctx context.Context) error {
 			cfg.LimitMarkerTTL = 5 * time.Second // expiries reach the watches
 		}
 		var kv jetstream.KeyValue
-		err := provisioning(ctx, func() (err error) {
+		err := provisioning(ctx, func(ctx context.Context) (err error) {
 			kv, err = st.js.CreateOrUpdateKeyValue(ctx, cfg)
 			return err
 		})
@@ -265,10 +266,14 @@ func (st *Store) provision(ctx context.Context) error {
 
 // provisioning retries fn while the cluster is still forming (no leader,
 // peers not yet known to it) until ctx ends.
-func provisioning(ctx context.Context, fn func() error) error {
+func provisioning(ctx context.Context, fn func(context.Context) error) error {
 	var why error // the last refusal other than running out of time
 	for round := 0; ; round++ {
-		err := fn()
+		// Each attempt has its own deadline: a request whose reply was
+		// lost to a leader change is retried, not waited on for good.
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := fn(actx)
+		cancel()
 		var api *jetstream.APIError
 		if err == nil || !transient(err) && !(errors.As(err, &api) && api.ErrorCode == errCodeNoPeers) {
 			return err
@@ -290,7 +295,7 @@ func provisioning(ctx context.Context, fn func() error) error {
 func (st *Store) loadKey(ctx context.Context) error {
 	key := make([]byte, 32)
 	rand.Read(key)
-	err := provisioning(ctx, func() error {
+	err := provisioning(ctx, func(ctx context.Context) error {
 		_, err := st.meta.Create(ctx, "secret", key)
 		if err == nil {
 			st.key = key
@@ -323,7 +328,7 @@ func (st *Store) startMirrors(ctx context.Context) error {
 		st.sessions.watch, st.streams.watch, st.tombs.watch, st.leases.watch,
 	} {
 		var r <-chan struct{}
-		err := provisioning(ctx, func() (err error) {
+		err := provisioning(ctx, func(context.Context) (err error) {
 			r, err = w(st.ctx, onErr)
 			return err
 		})
@@ -385,6 +390,10 @@ func (st *Store) close() {
 func (st *Store) shutdown() {
 	st.closing.Store(true)
 	st.cancel()
+	st.reading.Range(func(_, it any) bool { // readers whose relay has yet to close them
+		it.(jetstream.MessagesContext).Stop()
+		return true
+	})
 	st.wg.Wait()
 	if st.nc != nil {
 		st.nc.Close()

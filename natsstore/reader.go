@@ -199,6 +199,7 @@ func (r *reader) start(rec *streamRecord, next uint64) error {
 		return r.err
 	}
 	r.cons, r.it, r.started = cons, it, true
+	r.st.reading.Store(r, it)
 	r.cmu.Unlock()
 	r.msgs, r.pumpErr = make(chan jetstream.Msg, 1), make(chan error, 1)
 	r.st.wg.Add(1)
@@ -429,6 +430,7 @@ func (r *reader) release() {
 	if !started || released {
 		return
 	}
+	r.st.reading.Delete(r)
 	r.it.Stop()
 	r.deleteConsumer(r.cons)
 }

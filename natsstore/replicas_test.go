@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"testing"
 	"time"
 
@@ -264,133 +263,6 @@ func TestDeleteAcrossReplicas(t *testing.T) {
 	}
 }
 
-// A restart (the store and its embedded server closed, opened again on the
-// same directory) keeps sessions, tombstones, retained events and the
-// zone secret.
-func TestRestartKeepsTheZone(t *testing.T) {
-	dir := t.TempDir()
-	st := openEmbedded(t, testLimits(), func(o *Options) { o.Dir = dir })
-	key := append([]byte(nil), st.Key()...)
-	s, _ := st.CreateSession("kept", buffer.SessionMeta{Version: "2025-11-25", BindHeaders: []string{"Authorization"}})
-	str, _ := s.NewStream([]string{"7"}, [32]byte{7})
-	appendEvents(t, str, 1, 5)
-	str.Complete()
-	g := s.Standalone()
-	g.ClaimProducer()
-	appendEvents(t, g, 1, 2)
-	g.SetUpstreamCursor("up-2")
-	g.ReleaseProducer()
-	gone, _ := st.CreateSession("gone", buffer.SessionMeta{})
-	gone.NewStream([]string{"1"}, [32]byte{1})
-	st.Delete("gone", policy.ReasonPurged)
-	epoch := s.Epoch()
-	st.Close()
-
-	st2 := openEmbedded(t, testLimits(), func(o *Options) { o.Dir = dir })
-	if !bytes.Equal(st2.Key(), key) {
-		t.Fatal("the zone secret changed")
-	}
-	s2, ok := st2.Session("kept")
-	if !ok || s2.Epoch() != epoch || s2.Meta().Version != "2025-11-25" || s2.NextStream() != 2 {
-		t.Fatalf("session after restart: %v %+v", ok, s2)
-	}
-	if tomb, ok := st2.Tombstone("gone"); !ok || tomb.Reason != policy.ReasonPurged || len(tomb.Streams) != 1 {
-		t.Fatalf("tombstone after restart: %+v %v", tomb, ok)
-	}
-	str2, ok := s2.Stream(1)
-	if !ok || str2.View().State != policy.Complete || str2.View().Head != 5 {
-		t.Fatalf("stream after restart: %v %+v", ok, str2.View())
-	}
-	r, _ := str2.Attach(1)
-	defer r.Close()
-	seqs, err := readSeqs(t, r, epoch, 1, 1, 100)
-	if err != io.EOF {
-		t.Fatalf("end: %v", err)
-	}
-	checkRun(t, seqs, 1, 5)
-	g2 := s2.Standalone()
-	if g2.UpstreamCursor() != "up-2" || g2.View().Head != 2 {
-		t.Fatalf("standalone after restart: %q %+v", g2.UpstreamCursor(), g2.View())
-	}
-	if !g2.ClaimProducer() {
-		t.Fatal("the standalone stream's lease outlived the restart")
-	}
-	appendEvents(t, g2, 3, 4)
-	rg, _ := g2.Attach(1)
-	defer rg.Close()
-	seqs, err = readSeqs(t, rg, epoch, 0, 1, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	checkRun(t, seqs, 1, 4)
-	g2.ReleaseProducer()
-}
-
-// A producer that disappears (its replica killed) leaves its request
-// stream live with no lease: the sweeper elsewhere fails it with the
-// failure signals and the end marker, and a reader on B ends with
-// FailedError(upstream_failed) after them.
-func TestDeadProducerFailedBySweeper(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	short := func(o *Options) { o.LeaseTTL = time.Second }
-	a := openAt(t, []string{srv.ClientURL()}, short)
-	b := openAt(t, []string{srv.ClientURL()}, short)
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	str, _ := sa.NewStream([]string{"1", `"two"`}, [32]byte{1})
-	if !str.ClaimProducer() {
-		t.Fatal("ClaimProducer")
-	}
-	appendEvents(t, str, 1, 3)
-	if _, err := str.Append(context.Background(), []byte("data: event 4\n"), []string{"1"}); err != nil {
-		t.Fatal(err)
-	}
-	str.(*stream).currentWriter().waitStored(10 * time.Second)
-	var sb buffer.Session
-	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
-	stB, _ := sb.Stream(1)
-	rb, _ := stB.Attach(1)
-	defer rb.Close()
-	if _, err := readSeqs(t, rb, sb.Epoch(), 1, 1, 4); err != nil {
-		t.Fatal(err)
-	}
-	crash(a)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var signals []byte
-	var err error
-	for {
-		var batch buffer.Batch
-		batch, err = rb.Read(ctx, nil, 1<<20, time.Hour)
-		for _, d := range batch.Data {
-			signals = append(signals, d...)
-		}
-		if err != nil {
-			break
-		}
-	}
-	var fe *buffer.FailedError
-	if !errors.As(err, &fe) || fe.Reason != policy.ReasonUpstreamFailed {
-		t.Fatalf("B's reader ended with %v", err)
-	}
-	text := string(signals)
-	gapID := eventid.ID{Epoch: sb.Epoch(), Stream: 1, Seq: 5}.String()
-	lastID := eventid.ID{Epoch: sb.Epoch(), Stream: 1, Seq: 4}.String()
-	if !strings.HasPrefix(text, "id: "+gapID+"\nevent: gap\ndata: {\"lastEventId\":\""+lastID+"\",\"lost\":-1,\"reason\":\"upstream_failed\"}\n\n") {
-		t.Fatalf("signals %q", text)
-	}
-	if !strings.Contains(text, `"id":"two","error":{"code":-32010`) || strings.Contains(text, `"id":1,`) {
-		t.Fatalf("the pending request must get an error, the answered one none: %q", text)
-	}
-	v := stB.View()
-	if v.State != policy.Failed || v.Head != 6 || v.Requests[0].AnsweredAt != 4 || v.Requests[1].AnsweredAt != 6 {
-		t.Fatalf("view after the sweeper: %+v", v)
-	}
-	if n := b.Counters().FailedStreams()[policy.ReasonUpstreamFailed]; n != 1 {
-		t.Fatalf("B's FailedStreams[upstream_failed] = %d", n)
-	}
-}
-
 // The standalone stream is one log for the session's life, fed by
 // successive upstream GETs on whichever replica: each producer goes on
 // from what the last one stored.
@@ -420,54 +292,6 @@ func TestStandaloneProducerMoves(t *testing.T) {
 	if n := a.Counters().EventsEvictedBeforeAck.Load() + b.Counters().EventsEvictedBeforeAck.Load(); n != 0 {
 		t.Fatalf("EventsEvictedBeforeAck = %d", n)
 	}
-}
-
-// Close releases what the replica held: its producer leases (another
-// replica may produce), its consumers, its readers' entries; and the
-// live request streams it produced fail loudly, where any replica sees.
-func TestCloseReleases(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	g := sa.Standalone()
-	if !g.ClaimProducer() {
-		t.Fatal("ClaimProducer")
-	}
-	appendEvents(t, g, 1, 2)
-	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
-	str.ClaimProducer()
-	appendEvents(t, str, 1, 2)
-	r, _ := str.Attach(1)
-	if _, err := readSeqs(t, r, sa.Epoch(), 1, 1, 2); err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	if info, _ := b.events.Info(ctx); info.State.Consumers != 1 {
-		t.Fatalf("%d consumers while A reads", info.State.Consumers)
-	}
-	a.Close()
-	select {
-	case <-r.Done():
-	default:
-		t.Fatal("A's reader goes on after Close")
-	}
-	sb, ok := b.Session("sess")
-	if !ok {
-		t.Fatal("the session went with A")
-	}
-	if !sb.Standalone().ClaimProducer() {
-		t.Fatal("A's standalone lease outlived its Close")
-	}
-	sb.Standalone().ReleaseProducer()
-	stB, _ := sb.Stream(1)
-	waitUntil(t, "the records to settle", 10*time.Second, func() bool {
-		v := stB.View() // 1..2, then the gap event and the error for request 1
-		return !stB.Connected() && v.State == policy.Failed && v.Head == 4 && v.Requests[0].AnsweredAt == 4
-	})
-	waitUntil(t, "A's consumer to go", 10*time.Second, func() bool {
-		info, err := b.events.Info(ctx)
-		return err == nil && info.State.Consumers == 0
-	})
 }
 
 // Backpressure across replicas: a producer on A whose stream is full
