@@ -207,7 +207,7 @@ func (st *Store) provision(ctx context.Context) error {
 	n, r := st.names, st.opts.Replicas
 	maxBytes := int64(-1)
 	if l := st.Limits(); l.MaxTotalBytes > 0 {
-		maxBytes = l.MaxTotalBytes
+		maxBytes = hardLimit(l.MaxTotalBytes)
 	}
 	var ev jetstream.Stream
 	err := provisioning(ctx, func(ctx context.Context) (err error) {
@@ -445,7 +445,14 @@ func (st *Store) Limits() buffer.Limits {
 	return st.limits
 }
 
-// SetLimits implements buffer.Store. A new max_total_bytes becomes the
+// hardLimit is the events stream's MaxBytes for max_total_bytes: an eighth
+// above it. The budget decides on max_total_bytes (with its reserve for
+// connected clients); across replicas its figures are approximate, and
+// JetStream's own limit is the backstop that never lets the store grow
+// without bound, not the bound clients meet first.
+func hardLimit(total int64) int64 { return total + total/8 }
+
+// SetLimits implements buffer.Store. A new max_total_bytes moves the
 // events stream's MaxBytes.
 func (st *Store) SetLimits(l buffer.Limits) {
 	st.limMu.Lock()
@@ -458,7 +465,7 @@ func (st *Store) SetLimits(l buffer.Limits) {
 		info, err := st.events.Info(ctx)
 		if err == nil {
 			cfg := info.Config
-			cfg.MaxBytes = l.MaxTotalBytes
+			cfg.MaxBytes = hardLimit(l.MaxTotalBytes)
 			_, err = st.js.UpdateStream(ctx, cfg)
 		}
 		st.fault("update_stream", err)

@@ -51,6 +51,7 @@ type batch struct {
 	first   uint64
 	off     int64
 	answers []answer
+	stored  int64 // what JetStream will count for it, once published
 }
 
 func (b *batch) last() uint64 { return b.first + uint64(len(b.lens)) - 1 }
@@ -204,7 +205,7 @@ func (w *writer) flush() {
 		w.st.unstored.Add(-int64(len(b.buf)))
 		w.room.fire()
 		if err == nil {
-			w.st.total.add(int64(len(b.buf) + len(w.s.subject) + 64))
+			w.st.total.add(b.stored)
 			w.sync(len(b.answers) > 0)
 		}
 	}
@@ -222,7 +223,25 @@ func (w *writer) publish(b *batch, expect uint64) (uint64, error) {
 	if len(b.answers) > 0 {
 		msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
 	}
-	return w.st.publishAfter(msg, w.s.key+"."+strconv.FormatUint(b.first, 10), expect, w.aborted, w.emptied)
+	id := w.s.key + "." + strconv.FormatUint(b.first, 10)
+	b.stored = storedSize(msg, id)
+	return w.st.publishAfter(msg, id, expect, w.aborted, w.emptied)
+}
+
+// storedSize estimates what JetStream's file store counts for msg (its
+// State.Bytes): payload, subject, headers (with the ones publishing adds)
+// and the record's own overhead. Overestimating is safe; an estimate short
+// of it let JetStream's hard limit bite before the budget's reserve for
+// connected clients did, starving them.
+func storedSize(msg *nats.Msg, id string) int64 {
+	n := len(msg.Data) + len(msg.Subject) + len("NATS/1.0\r\n\r\n")
+	for k, vs := range msg.Header {
+		for _, v := range vs {
+			n += len(k) + len(": \r\n") + len(v)
+		}
+	}
+	n += len("Nats-Msg-Id: \r\n") + len(id) + len("Nats-Expected-Last-Subject-Sequence: 18446744073709551615\r\n")
+	return int64(n + 64) // record header, sequence, timestamp, checksum
 }
 
 // aborted reports why the writer must stop retrying.

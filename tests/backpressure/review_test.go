@@ -61,12 +61,15 @@ func TestTheReserveServesConnectedClients(t *testing.T) {
 			max_session_bytes 128KiB
 			max_stream_bytes 128KiB
 			stall_timeout 1m`))
+	f.Hold("flood")
 	for i := 0; i < 8; i++ {
 		cl := newClient(c.Base(), "2025-06-18")
 		if err := cl.initialize(); err != nil {
 			t.Fatal(err)
 		}
-		s, err := cl.call(1, "flood", floodArgs(100000, 200), 10*time.Second)
+		args := floodArgs(100000, 200)
+		args.Pre, args.Hold = 1, "flood" // the rest once every client has left
+		s, err := cl.call(1, "flood", args, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,6 +77,19 @@ func TestTheReserveServesConnectedClients(t *testing.T) {
 		s.close() // hang up
 		defer cl.close()
 	}
+	harness.WaitFor(t, 10*time.Second, "the clients to be gone", func() bool {
+		ss, _ := c.Sessions()
+		gone := 0
+		for _, se := range ss {
+			for _, st := range se.Streams {
+				if st.Kind == "request" && st.Head >= 1 && !st.Connected {
+					gone++
+				}
+			}
+		}
+		return gone == 8
+	})
+	f.Release("flood")
 	harness.WaitFor(t, 20*time.Second, "the hung-up sessions to fill what they may", func() bool {
 		m, _ := c.Metrics()
 		return m.Series["caddy_mcp_resume_stalled_streams"] == 8
@@ -155,6 +171,7 @@ func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
 // streams that cycle many small events within the window, acknowledged up
 // to head-1, leave no memory behind that the bounds do not see.
 func TestRetainedBytesTrackTheHeap(t *testing.T) {
+	harness.MemoryStoreOnly(t, heapVersusRetained)
 	f := newFlood()
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
 			resume_window 10m

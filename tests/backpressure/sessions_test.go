@@ -19,6 +19,7 @@ import (
 // exactly once, slow ones meet backpressure, and the vanished ones hold their
 // upstreams stalled instead of buffering them.
 func TestManySessionsBoundedMemory(t *testing.T) {
+	harness.MemoryStoreOnly(t, heapVersusRetained)
 	const (
 		perKind   = 80 // fast, slow, vanished: 240 sessions
 		eventSize = 1024
@@ -294,6 +295,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 // framing) exactly 28672 B, a Go size class, so allocator rounding (up to
 // 12.5% on top of retained_bytes for other sizes) does not blur the result.
 func TestSlowConsumerRelayMemory(t *testing.T) {
+	harness.MemoryStoreOnly(t, heapVersusRetained)
 	const (
 		sessions  = 16
 		eventSize = 28672 - 17

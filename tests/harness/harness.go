@@ -68,6 +68,15 @@ func MainBothStores(m *testing.M) {
 // store, for the few answers that differ: a restart loses nothing.
 func SharedStore() bool { return mcptest.StoreBlock != "" }
 
+// MemoryStoreOnly skips a test in the JetStream run of a suite: for what
+// only the memory store promises (retained_bytes is this process's heap).
+func MemoryStoreOnly(t testing.TB, why string) {
+	t.Helper()
+	if SharedStore() {
+		t.Skip("memory store only: " + why)
+	}
+}
+
 // storeDirEnv names the embedded JetStream directory of the Caddy being
 // started: a new one per StartCaddy, the same across its reloads.
 const storeDirEnv = "MCPR_TEST_STORE_DIR"
