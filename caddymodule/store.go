@@ -42,6 +42,9 @@ type StoreOptions struct {
 	// OnError is told of every failed operation of a store that can fail
 	// (a shared store), by operation.
 	OnError func(op string, err error)
+	// OnPublish is told how long a shared store took to store a batch of
+	// events.
+	OnPublish func(took time.Duration, events int)
 	// MaxEventBytes is the handler's max_event_bytes: a shared store must
 	// take such an event in one message.
 	MaxEventBytes int64
@@ -223,6 +226,7 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 		LeaseTTL:        time.Duration(n.LeaseTTL),
 		FailureSignals:  failureSignals,
 		OnError:         o.OnError,
+		OnPublish:       o.OnPublish,
 	}
 	if srv != nil {
 		opts.Server = srv.Server

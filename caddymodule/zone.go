@@ -156,6 +156,9 @@ func (z *zone) storeOptions() StoreOptions {
 		Hooks:         storeHooks(z.logger.Load),
 		Logger:        z.logger.Load(),
 		MaxEventBytes: z.maxEventBytes.Load(),
+		OnPublish: func(took time.Duration, events int) {
+			storePublish.WithLabelValues(z.name).Observe(took.Seconds())
+		},
 		OnError: func(op string, err error) {
 			storeErrors.WithLabelValues(z.name, op).Inc()
 			if c := z.logger.Load().Check(zap.DebugLevel, "shared store operation failed"); c != nil {

@@ -183,7 +183,11 @@ func (w *writer) flush() {
 		w.mu.Unlock()
 		w.room.fire()
 
+		began := time.Now()
 		seq, err := w.publish(&b, expect)
+		if err == nil && w.st.opts.OnPublish != nil {
+			w.st.opts.OnPublish(time.Since(began), len(b.lens))
+		}
 		w.mu.Lock()
 		if err == nil {
 			w.lastMsg, w.stored, w.storedOff = seq, b.last(), b.off+int64(len(b.buf))

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -231,13 +233,20 @@ func TestMetricsSurviveReload(t *testing.T) {
 // is on /metrics (a CounterVec only once a label value moved, so those are
 // only checked when the traffic moves them).
 func TestEveryMetricIsExposed(t *testing.T) {
-	c, _ := start(t, "")
-	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	cl.Initialize()
-	evs := cl.CallToEnd(1, "count", map[string]any{"n": 1, "interval_ms": 0})
-	resp := cl.Resume(evs[1].ID)
-	harness.ReadEvents(t, resp, 0)
-	resp.Body.Close()
+	// Two zones: the memory store, and a shared (JetStream) one, whose
+	// metrics only a shared store has.
+	upstream := harness.StartDemo(t, demoserver.Options{})
+	sharedPort := harness.FreePort(t)
+	c := harness.StartCaddyWithSites(t, "", site(upstream, ""), mcptest.Site{Port: sharedPort,
+		Body: site(upstream, "zone shared\nstore nats {\n embedded "+t.TempDir()+"\n}")})
+	for _, base := range []string{c.Base(), fmt.Sprintf("http://127.0.0.1:%d", sharedPort)} {
+		cl := harness.NewRawClient(t, base, "2025-11-25")
+		cl.Initialize()
+		evs := cl.CallToEnd(1, "count", map[string]any{"n": 1, "interval_ms": 0})
+		resp := cl.Resume(evs[1].ID)
+		harness.ReadEvents(t, resp, 0)
+		resp.Body.Close()
+	}
 	m := scrapeBoth(t, c)
 	present := func(name string) bool { _, ok := m.Sum(name); return ok }
 	for name, typ := range moduleMetrics(t) {
