@@ -115,7 +115,10 @@ func testHandler(t *testing.T) *Handler {
 	h.logger = zap.NewNop()
 	st := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
 	t.Cleanup(st.Close)
-	h.zone = &zone{name: "test", store: st}
+	h.zone = newZone("test", MemoryStore{}, 0, h.limits(), h.MaxEventBytes, h.logger)
+	h.zone.store = st
+	close(h.zone.ready)
+	t.Cleanup(func() { h.zone.stop() })
 	return h
 }
 

@@ -78,13 +78,7 @@ func zoneKey(name, storeKey string) string { return "mcp_resume/" + name + "/" +
 func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64,
 	logger *zap.Logger) (*zone, error) {
 	v, loaded, err := zones.LoadOrNew(zoneKey(name, storeKey), func() (caddy.Destructor, error) {
-		z := &zone{name: name, backend: backend, drain: drain, ready: make(chan struct{})}
-		z.ctx, z.cancel = context.WithCancel(context.Background())
-		z.stopCtx, z.stop = context.WithCancel(context.Background())
-		z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
-		z.logger.Store(logger)
-		z.limits.Store(&l)
-		z.maxEventBytes.Store(maxEvent)
+		z := newZone(name, backend, drain, l, maxEvent, logger)
 		if !backend.Shared() {
 			z.open() // in memory: nothing to connect to, nothing to fail
 		}
@@ -105,6 +99,18 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 		}
 	}
 	return z, nil
+}
+
+// newZone makes a zone whose store is not open yet.
+func newZone(name string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64, logger *zap.Logger) *zone {
+	z := &zone{name: name, backend: backend, drain: drain, ready: make(chan struct{})}
+	z.ctx, z.cancel = context.WithCancel(context.Background())
+	z.stopCtx, z.stop = context.WithCancel(context.Background())
+	z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
+	z.logger.Store(logger)
+	z.limits.Store(&l)
+	z.maxEventBytes.Store(maxEvent)
+	return z
 }
 
 func releaseZone(name, storeKey string) error {
