@@ -275,4 +275,3 @@ func TestRelay(t *testing.T) {
 		t.Fatalf("taken-over stream: %+v, want the result and the end", evs)
 	}
 }
-
