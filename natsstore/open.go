@@ -57,6 +57,10 @@ type Store struct {
 	sweeper   sweeperLease
 	admitting admissions
 	reading   sync.Map // *reader -> its iterator, while its consumer runs
+	bg        struct {
+		mu     sync.Mutex
+		closed bool
+	}
 }
 
 var _ buffer.Store = (*Store)(nil)
@@ -385,6 +389,23 @@ func (st *Store) close() {
 	st.shutdown()
 }
 
+// spawn runs fn in the background, counted in wg, unless shutdown has begun
+// waiting for the background work (a WaitGroup must not grow while waited
+// on); it reports whether fn runs.
+func (st *Store) spawn(fn func()) bool {
+	st.bg.mu.Lock()
+	defer st.bg.mu.Unlock()
+	if st.bg.closed {
+		return false
+	}
+	st.wg.Add(1)
+	go func() {
+		defer st.wg.Done()
+		fn()
+	}()
+	return true
+}
+
 // shutdown stops the background work and the connection without releasing
 // anything: what a crash leaves behind (tests use it alone).
 func (st *Store) shutdown() {
@@ -394,6 +415,9 @@ func (st *Store) shutdown() {
 		it.(jetstream.MessagesContext).Stop()
 		return true
 	})
+	st.bg.mu.Lock()
+	st.bg.closed = true // no background work starts after this
+	st.bg.mu.Unlock()
 	st.wg.Wait()
 	if st.nc != nil {
 		st.nc.Close()

@@ -143,9 +143,7 @@ func (w *writer) addLocked(fields []byte, answers []string) uint64 {
 	w.others.grown.Store(w.headOff)
 	w.st.unstored.Add(int64(n))
 	if !w.flushing {
-		w.flushing = true
-		w.st.wg.Add(1)
-		go w.flush()
+		w.flushing = w.st.spawn(w.flush) // after shutdown nothing stores it: Close failed the stream
 	}
 	return seq
 }
@@ -165,7 +163,6 @@ func (w *writer) answerable(rec *streamRecord, id string) bool {
 
 // flush publishes batches, one at a time, until none is open.
 func (w *writer) flush() {
-	defer w.st.wg.Done()
 	for {
 		w.mu.Lock()
 		if w.stopErr != nil {
