@@ -68,6 +68,7 @@ type upstreamTap struct {
 func (h *Handler) newTap(r *http.Request, next caddyhttp.Handler, sess buffer.Session, version string) *upstreamTap {
 	t := &upstreamTap{h: h, next: next, client: r, sess: sess, version: version}
 	t.ctx, t.cancel = h.detach(r)
+	h.zone.taps.Add(1) // the store closes only once every tap has closed
 	if sess != nil {
 		t.tie(sess)
 	}
@@ -95,6 +96,7 @@ func (t *upstreamTap) close() {
 		t.unlink()
 	}
 	t.cancel()
+	t.h.zone.taps.Done()
 }
 
 // startRelay writes the client's response headers and pre, and relays the
@@ -162,18 +164,15 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 
 // onEvent takes one upstream event into the stream.
 func (t *upstreamTap) onEvent(ev *sse.Event) error {
-	if ev.HasID {
-		if t.seenID(ev.ID) {
-			return nil // a replay repeated an event the stream has
-		}
-		t.lastID = ev.ID
-		t.progress = true
+	if ev.HasID && t.seenID(ev.ID) {
+		return nil // a replay repeated an event the stream has
 	}
 	if ev.HasRetry {
 		t.retry = time.Duration(ev.Retry) * time.Millisecond
 	}
 	if !ev.HasData || len(ev.Data) == 0 {
-		return nil // priming and close events are the upstream's, not the client's
+		t.took(ev) // priming and close events are the upstream's, not the client's
+		return nil
 	}
 	e := *ev
 	e.HasRetry = false // the proxy follows the upstream itself; clients keep their own pace
@@ -191,23 +190,33 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		t.scratch = nil // do not keep an event-sized buffer for the stream's life
 	}
 	if err == nil {
-		t.progress = true
+		t.took(ev)
 	}
 	return err
 }
 
-// seenID reports whether the upstream sent id before on this stream, and
-// remembers it.
+// took records that the stream has ev: its upstream ID becomes the cursor
+// the next upstream request resumes from. Only then: an event whose append
+// failed (a drain or a session end cut it short) must be asked for again.
+func (t *upstreamTap) took(ev *sse.Event) {
+	t.progress = true
+	if !ev.HasID {
+		return
+	}
+	t.lastID = ev.ID
+	if len(t.recent) == recentUpstream {
+		t.recent = append(t.recent[:0], t.recent[1:]...)
+	}
+	t.recent = append(t.recent, ev.ID)
+}
+
+// seenID reports whether the stream has the upstream's event id already.
 func (t *upstreamTap) seenID(id string) bool {
 	for _, s := range t.recent {
 		if s == id {
 			return true
 		}
 	}
-	if len(t.recent) == recentUpstream {
-		t.recent = append(t.recent[:0], t.recent[1:]...)
-	}
-	t.recent = append(t.recent, id)
 	return false
 }
 

@@ -52,7 +52,8 @@ type zone struct {
 	draining atomic.Bool     // no new calls: the process is stopping
 	drainCtx context.Context // ends when the drain starts: standalone reads, which never end by themselves, end with it
 	drained  context.CancelFunc
-	reads    atomic.Int64 // calls whose upstream response is being read
+	reads    atomic.Int64   // calls whose upstream response is being read
+	taps     sync.WaitGroup // every upstream tap, until it has closed
 
 	logger        atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
 	limits        atomic.Pointer[buffer.Limits]
@@ -63,6 +64,17 @@ type zone struct {
 func (z *zone) Destruct() error {
 	z.stop()
 	z.cancel()
+	// The taps end at once now, but they still write what they owe the store
+	// as they close (a standalone stream's upstream cursor, the last batch):
+	// Caddy's shutdown does not wait for them, since a cut client's
+	// connection was hijacked away from the server's tracking.
+	tapsClosed := make(chan struct{})
+	go func() { z.taps.Wait(); close(tapsClosed) }()
+	select {
+	case <-tapsClosed:
+	case <-time.After(10 * time.Second):
+		z.logger.Load().Warn("upstream taps still closing after 10s; closing the store anyway", zap.String("zone", z.name))
+	}
 	select {
 	case <-z.ready:
 		z.store.Close()
