@@ -27,8 +27,7 @@ var backpressureContracts = []contract{
 func testBackpressureStream(t *testing.T, e *env) {
 	lim := BigLimits()
 	lim.MaxStreamBytes = 8 << 10
-	st := e.store(lim)
-	str := MustStream(t, MustSession(t, st, "s1"))
+	st, str := e.stream(lim, 0)
 	n, blocked := fill(t, str, bigSize, 100)
 	if n < 3 || n > 8 {
 		t.Fatalf("%d events of %d bytes fit %d bytes", n, bigSize, lim.MaxStreamBytes)
@@ -115,7 +114,7 @@ func testBackpressureTotal(t *testing.T, e *env) {
 	}
 	AppendN(t, z, 2, bigSize)
 	AssertBlocked(t, bw, 100*time.Millisecond)
-	deliver(t, rz, 2)
+	Deliver(t, rz, 2)
 	rz.Close()
 
 	// x0 lets go of everything: room for w outside the reserve again.
@@ -128,8 +127,7 @@ func testBackpressureTotal(t *testing.T, e *env) {
 func testLimitRaise(t *testing.T, e *env) {
 	lim := BigLimits()
 	lim.MaxStreamBytes = 4 << 10
-	st := e.store(lim)
-	str := MustStream(t, MustSession(t, st, "s1"))
+	st, str := e.stream(lim, 0)
 	n, blocked := fill(t, str, bigSize, 100)
 	AssertBlocked(t, blocked, 50*time.Millisecond)
 	lim.MaxStreamBytes = 64 << 10
@@ -190,8 +188,7 @@ func testStall(t *testing.T, e *env) {
 	lim := BigLimits()
 	lim.MaxStreamBytes = 4 << 10
 	lim.StallTimeout = 1200 * time.Millisecond // well above what fill takes to see the block
-	st := e.store(lim)
-	str := MustStream(t, MustSession(t, st, "s1"))
+	st, str := e.stream(lim, 0)
 	start := time.Now()
 	n, blocked := fill(t, str, bigSize, 100)
 	r := AwaitAppend(t, blocked)
@@ -235,8 +232,7 @@ func testFastReaderNeverStalls(t *testing.T, e *env) {
 	lim.MaxStreamBytes = 4 << 10
 	lim.StallTimeout = 150 * time.Millisecond
 	lim.ResumeWindow = 400 * time.Millisecond
-	st := e.store(lim)
-	str := MustStream(t, MustSession(t, st, "s1"))
+	st, str := e.stream(lim, 0)
 	r, _ := str.Attach(1)
 	defer r.Close()
 	waits := 0
@@ -252,7 +248,7 @@ func testFastReaderNeverStalls(t *testing.T, e *env) {
 		if res.Err != nil || res.Seq != seq {
 			t.Fatalf("append %d: %d %v", seq, res.Seq, res.Err)
 		}
-		evs := deliver(t, r, 1)
+		evs := Deliver(t, r, 1)
 		CheckSeqs(t, evs, seq, bigSize)
 	}
 	if waits == 0 {
@@ -269,8 +265,7 @@ func testProgressingReaderNeverStalls(t *testing.T, e *env) {
 	lim := BigLimits()
 	lim.MaxStreamBytes = 4 << 10
 	lim.StallTimeout = 2 * time.Second // well above a delivery's spacing, even on a loaded machine
-	st := e.store(lim)
-	str := MustStream(t, MustSession(t, st, "s1"))
+	_, str := e.stream(lim, 0)
 	n, blocked := fill(t, str, bigSize, 100)
 	r, _ := str.Attach(1)
 	defer r.Close()

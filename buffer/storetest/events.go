@@ -107,8 +107,7 @@ func testFraming(t *testing.T, e *env) {
 }
 
 func testReaderFollowsLive(t *testing.T, e *env) {
-	st := e.store(BigLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
+	_, str := e.stream(BigLimits(), 0)
 	r, err := str.Attach(1) // before the first event (priming position)
 	if err != nil {
 		t.Fatal(err)
@@ -143,9 +142,7 @@ func testReaderFollowsLive(t *testing.T, e *env) {
 // Read hands out at most about maxBytes, in runs of whole events, and at
 // least one event however small maxBytes is.
 func testReadBatches(t *testing.T, e *env) {
-	st := e.store(BigLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
-	AppendN(t, str, 9, EvSize)
+	_, str := e.stream(BigLimits(), 9)
 	r, _ := str.Attach(1)
 	defer r.Close()
 	one := len("id: 12345678-1-1\n") + len("data: ") + EvSize + 2

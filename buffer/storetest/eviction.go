@@ -26,9 +26,7 @@ func windowLimits() buffer.Limits {
 
 // Acknowledged events go at once, without waiting for a sweep.
 func testEvictAcked(t *testing.T, e *env) {
-	st := e.store(BigLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
-	AppendN(t, str, 5, EvSize)
+	st, str := e.stream(BigLimits(), 5)
 	ack(t, str, 3)
 	if v := str.View(); v.Floor != 4 || v.Head != 5 {
 		t.Fatalf("view after ack(3): %+v", v)
@@ -70,9 +68,7 @@ func testEvictAcked(t *testing.T, e *env) {
 // Delivered events go one window after their delivery; undelivered ones
 // never do, however long.
 func testEvictDeliveredAfterWindow(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
-	AppendN(t, str, 5, EvSize)
+	st, str := e.stream(windowLimits(), 5)
 	r, _ := str.Attach(1)
 	ReadUntil(t, r, 5)
 	r.Delivered(3) // only 1..3 were written and flushed
@@ -95,7 +91,7 @@ func testEvictDeliveredAfterWindow(t *testing.T, e *env) {
 	}
 	// Delivered later: they go one window after that delivery.
 	r2, _ := str.Attach(4)
-	deliver(t, r2, 2)
+	Deliver(t, r2, 2)
 	delivered = time.Now()
 	r2.Close()
 	WaitFor(t, "the second window", func() bool { return floorOf(str) == 6 })
@@ -112,12 +108,8 @@ func testEvictDeliveredAfterWindow(t *testing.T, e *env) {
 // window says: a reader attached at 1 over events an earlier connection
 // had been sent keeps them.
 func testAttachedReaderProtects(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
-	AppendN(t, str, 6, EvSize)
-	first, _ := str.Attach(1)
-	deliver(t, first, 6)
-	first.Close()
+	_, str := e.stream(windowLimits(), 6)
+	DeliverAndClose(t, str, 6)
 	r, _ := str.Attach(1) // without an acknowledgement (what a repeated request did)
 	defer r.Close()
 	evs, err := Read(t.Context(), r, 1)
@@ -137,9 +129,7 @@ func testAttachedReaderProtects(t *testing.T, e *env) {
 }
 
 func testTakenOverDeliveryIgnored(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
-	AppendN(t, str, 3, EvSize)
+	_, str := e.stream(windowLimits(), 3)
 	old, _ := str.Attach(1)
 	ReadUntil(t, old, 3)
 	r, err := str.Attach(1)
@@ -158,12 +148,8 @@ func testTakenOverDeliveryIgnored(t *testing.T, e *env) {
 // A client that resumes from 2 says 3..5 never arrived, whatever was
 // written to its earlier connection: they are undelivered again.
 func testAckResetsDelivery(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
-	AppendN(t, str, 5, EvSize)
-	r, _ := str.Attach(1)
-	deliver(t, r, 5)
-	r.Close()
+	_, str := e.stream(windowLimits(), 5)
+	DeliverAndClose(t, str, 5)
 	time.Sleep(window / 2)
 	ack(t, str, 2)
 	if v := str.View(); v.Floor != 3 {
@@ -178,7 +164,7 @@ func testAckResetsDelivery(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs := deliver(t, r2, 3)
+	evs := Deliver(t, r2, 3)
 	CheckSeqs(t, evs, 3, EvSize)
 	r2.Close()
 	WaitFor(t, "redelivered events to age out", func() bool { return floorOf(str) == 6 })

@@ -29,6 +29,16 @@ func (e *env) store(lim buffer.Limits) buffer.Store {
 	return st
 }
 
+// stream opens a fresh store under lim with one request stream, of a
+// session "s1", holding n events of EvSize payload bytes.
+func (e *env) stream(lim buffer.Limits, n int) (buffer.Store, buffer.Stream) {
+	e.t.Helper()
+	st := e.store(lim)
+	str := MustStream(e.t, MustSession(e.t, st, "s1"))
+	AppendN(e.t, str, n, EvSize)
+	return st, str
+}
+
 func noEarlyEviction(t testing.TB, st buffer.Store) {
 	t.Helper()
 	if n := st.Counters().EventsEvictedBeforeAck.Load(); n != 0 {
@@ -65,17 +75,6 @@ func fillCtx(t testing.TB, ctx context.Context, str buffer.Stream, size, atMost 
 	}
 	t.Fatalf("%d appends went in: no bound blocked", atMost)
 	return 0, nil
-}
-
-// deliver reads n events and marks them delivered, as a relay does.
-func deliver(t testing.TB, r buffer.Reader, n int) []Event {
-	t.Helper()
-	evs, err := ReadUntil(t, r, n)
-	if err != nil {
-		t.Fatalf("read: %v", err)
-	}
-	r.Delivered(evs[len(evs)-1].Seq)
-	return evs
 }
 
 // ack acknowledges a client position, as a resume that ends at once does:

@@ -172,6 +172,29 @@ func ReadAll(t testing.TB, r buffer.Reader) ([]Event, error) {
 	return evs, err
 }
 
+// Deliver reads n events and marks them delivered, as a relay does.
+func Deliver(t testing.TB, r buffer.Reader, n int) []Event {
+	t.Helper()
+	evs, err := ReadUntil(t, r, n)
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	r.Delivered(evs[len(evs)-1].Seq)
+	return evs
+}
+
+// DeliverAndClose delivers n events to a reader from 1 and closes it: a
+// connection that was sent them and went away.
+func DeliverAndClose(t testing.TB, str buffer.Stream, n int) {
+	t.Helper()
+	r, err := str.Attach(1)
+	if err != nil {
+		t.Fatalf("Attach(1): %v", err)
+	}
+	Deliver(t, r, n)
+	r.Close()
+}
+
 // CheckSeqs checks that evs are the events from seq from on, each of size
 // payload bytes as AppendN appends them.
 func CheckSeqs(t testing.TB, evs []Event, from uint64, size int) {

@@ -21,9 +21,7 @@ var readerContracts = []contract{
 }
 
 func testTakeover(t *testing.T, e *env) {
-	st := e.store(BigLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
-	AppendN(t, str, 4, EvSize)
+	st, str := e.stream(BigLimits(), 4)
 	r1, _ := str.Attach(1)
 	evs, _ := ReadUntil(t, r1, 4)
 	CheckSeqs(t, evs, 1, EvSize)
@@ -85,12 +83,8 @@ func testTakeover(t *testing.T, e *env) {
 // to a connection that died are undelivered by the acknowledgement before
 // the sweeper can take them, and the new reader holds the rest.
 func testResumeAtomic(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := MustStream(t, MustSession(t, st, "s"))
-	AppendN(t, str, 5, EvSize)
-	rd, _ := str.Attach(1)
-	deliver(t, rd, 5) // written to a connection that then died
-	rd.Close()
+	_, str := e.stream(windowLimits(), 5)
+	DeliverAndClose(t, str, 5) // written to a connection that then died
 	time.Sleep(window * 2 / 3)
 
 	var seen policy.StreamView
@@ -120,12 +114,8 @@ func testResumeAtomic(t *testing.T, e *env) {
 // undelivers everything, so nothing the reader still needs can go, however
 // long the replay to a slow client takes.
 func testResumeFromZero(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := MustStream(t, MustSession(t, st, "s"))
-	AppendN(t, str, 4, EvSize)
-	first, _ := str.Attach(1)
-	deliver(t, first, 4)
-	first.Close()
+	_, str := e.stream(windowLimits(), 4)
+	DeliverAndClose(t, str, 4)
 	_, r, err := str.Resume(0, func(v policy.StreamView) policy.Resume {
 		return policy.Resume{Kind: policy.Replay, From: 1}
 	})
@@ -173,9 +163,7 @@ func testResumeReject(t *testing.T, e *env) {
 }
 
 func testAttachFromUndelivered(t *testing.T, e *env) {
-	st := e.store(BigLimits())
-	str := MustStream(t, MustSession(t, st, "s1"))
-	AppendN(t, str, 5, EvSize)
+	_, str := e.stream(BigLimits(), 5)
 	r, _ := str.Attach(buffer.FromUndelivered)
 	evs, _ := ReadUntil(t, r, 5)
 	CheckSeqs(t, evs, 1, EvSize)

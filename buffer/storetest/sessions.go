@@ -285,9 +285,7 @@ func testEndedStreamsRetire(t *testing.T, e *env) {
 			t.Fatal(err)
 		}
 		str.Complete()
-		r, _ := str.Attach(1)
-		deliver(t, r, 1)
-		r.Close()
+		DeliverAndClose(t, str, 1)
 	}
 	held := func() int {
 		n := 0
