@@ -101,7 +101,7 @@ func (w *writer) load() error {
 }
 
 func (w *writer) framedLen(fields int) int {
-	return len("id: ") + eventid.EpochLen + 1 + decimalLen(uint64(w.s.num)) + 1 + decimalLen(w.head+1) + 1 + fields + 1
+	return len("id: ") + eventid.Len(eventid.EpochLen, w.s.num, w.head+1) + 1 + fields + 1
 }
 
 // usableLocked reports why nothing more can be appended, if so.
