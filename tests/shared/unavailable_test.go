@@ -46,8 +46,7 @@ func TestNATSUnreachable(t *testing.T) {
 	d := deploy(t, 1, storeNATS([]string{url}, ""), demoserver.Options{})
 	a := d.replicas[0]
 	base := "http://" + a.addr()
-	rc := harness.NewRawClient(t, base, "2025-06-18")
-	rc.Initialize()
+	rc := harness.NewSession(t, base, "2025-06-18")
 	if evs := rc.CallToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 1}); len(evs) != 3 {
 		t.Fatalf("call before the outage: %d events", len(evs))
 	}
