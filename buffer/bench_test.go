@@ -1,10 +1,13 @@
-package buffer
+package buffer_test
 
 import (
 	"context"
 	"io"
 	"testing"
 	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/buffer/storetest"
 )
 
 var benchSizes = []struct {
@@ -12,17 +15,25 @@ var benchSizes = []struct {
 	size int
 }{{"100B", 100}, {"1KiB", 1 << 10}, {"16KiB", 16 << 10}}
 
+// benchStream is a fresh stream of a store whose bounds hold a replay's
+// history, and an event of size payload bytes to append to it.
+func benchStream(b *testing.B, size int) (buffer.Stream, []byte) {
+	lim := storetest.BigLimits()
+	lim.MaxStreamBytes, lim.MaxSessionBytes, lim.MaxTotalBytes = 1<<30, 1<<30, 1<<32
+	st := buffer.NewMemoryStore(buffer.Options{Limits: lim, SweepInterval: time.Hour})
+	b.Cleanup(st.Close)
+	s, _ := st.CreateSession("bench", buffer.SessionMeta{})
+	str, _ := s.NewStream([]string{"1"}, [32]byte{})
+	return str, storetest.Fields(make([]byte, size))
+}
+
 // BenchmarkAppend: one op is one Append; the log is acked in batches so
 // bounds never block (the cost of eviction by ack is included). Allocations
 // per op must stay 0: events are framed into chunks, not allocated one by one.
 func BenchmarkAppend(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.name, func(b *testing.B) {
-			st := NewMemoryStore(Options{Limits: bigLimits(), SweepInterval: time.Hour})
-			defer st.Close()
-			s, _ := st.CreateSession("bench", SessionMeta{})
-			str, _ := s.NewStream([]string{"1"}, [32]byte{})
-			data := fields(make([]byte, sz.size))
+			str, data := benchStream(b, sz.size)
 			ctx := context.Background()
 			b.ReportAllocs()
 			b.SetBytes(int64(sz.size))
@@ -33,7 +44,7 @@ func BenchmarkAppend(b *testing.B) {
 					b.Fatal(err)
 				}
 				if seq%1024 == 0 {
-					ack(str, seq)
+					buffer.Ack(str, seq)
 				}
 			}
 		})
@@ -46,11 +57,7 @@ func BenchmarkReplay(b *testing.B) {
 	const retained = 4096
 	for _, sz := range benchSizes {
 		b.Run(sz.name, func(b *testing.B) {
-			st := NewMemoryStore(Options{Limits: bigLimits(), SweepInterval: time.Hour})
-			defer st.Close()
-			s, _ := st.CreateSession("bench", SessionMeta{})
-			str, _ := s.NewStream([]string{"1"}, [32]byte{})
-			data := fields(make([]byte, sz.size))
+			str, data := benchStream(b, sz.size)
 			for i := 0; i < retained; i++ {
 				if _, err := str.Append(context.Background(), data, nil); err != nil {
 					b.Fatal(err)

@@ -335,6 +335,13 @@ func (n *NATSStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			*dst = args[0]
 			return nil
 		}
+		two := func(a, b *string, expected string) error {
+			if len(args) != 2 {
+				return d.Errf("store nats: %s: expected %s", name, expected)
+			}
+			*a, *b = args[0], args[1]
+			return nil
+		}
 		var err error
 		switch name {
 		case "url":
@@ -368,17 +375,11 @@ func (n *NATSStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "token":
 			err = one(&n.Token, "{env.NATS_TOKEN}")
 		case "user":
-			if len(args) != 2 {
-				return d.Errf("store nats: user: expected a user and a password, e.g. user caddy {env.NATS_PASSWORD}")
-			}
-			n.User, n.Password = args[0], args[1]
+			err = two(&n.User, &n.Password, "a user and a password, e.g. user caddy {env.NATS_PASSWORD}")
 		case "tls_ca":
 			err = one(&n.TLSCA, "/etc/nats/ca.pem")
 		case "tls_client":
-			if len(args) != 2 {
-				return d.Errf("store nats: tls_client: expected a certificate and a key file")
-			}
-			n.TLSCert, n.TLSKey = args[0], args[1]
+			err = two(&n.TLSCert, &n.TLSKey, "a certificate and a key file")
 		case "prefix":
 			err = one(&n.Prefix, "mcpr_prod")
 		case "drain_timeout", "lease_ttl":

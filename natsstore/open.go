@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -446,14 +448,11 @@ func (st *Store) drain() {
 	}
 }
 
+// handleList returns the session handles made here.
 func (st *Store) handleList() []*session {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	out := make([]*session, 0, len(st.handles))
-	for _, s := range st.handles {
-		out = append(out, s)
-	}
-	return out
+	return slices.Collect(maps.Values(st.handles))
 }
 
 // Counters implements buffer.Store: this replica's counts.

@@ -136,7 +136,9 @@ func (r *reader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time
 	}
 }
 
-// wait waits for a message, a change of the stream, the end, or idle.
+// wait waits for a message, a change of the stream, the end, or idle. It
+// reuses its timer as buffer's memReader.wait does; the events it waits
+// for (messages, pump errors, record changes) are the JetStream reader's.
 func (r *reader) wait(ctx context.Context, idle time.Duration, changed <-chan struct{}) error {
 	if r.timer == nil {
 		r.timer = time.NewTimer(idle)

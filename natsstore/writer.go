@@ -56,6 +56,22 @@ type batch struct {
 
 func (b *batch) last() uint64 { return b.first + uint64(len(b.lens)) - 1 }
 
+// msg is the message that stores b on subject: its events' bytes, and in
+// headers where they start and what they answer.
+func (b *batch) msg(subject string) *nats.Msg {
+	msg := nats.NewMsg(subject)
+	msg.Data = b.buf
+	msg.Header.Set(hdrFirst, strconv.FormatUint(b.first, 10))
+	msg.Header.Set(hdrOff, strconv.FormatInt(b.off, 10))
+	if len(b.lens) > 1 {
+		msg.Header.Set(hdrLens, joinLens(b.lens))
+	}
+	if len(b.answers) > 0 {
+		msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
+	}
+	return msg
+}
+
 var errConflict = errors.New("natsstore: another writer stored to the stream")
 
 func newWriter(s *stream) *writer {
@@ -85,7 +101,7 @@ func (w *writer) load() error {
 }
 
 func (w *writer) framedLen(fields int) int {
-	return len("id: ") + eventid.EpochLen + 1 + decimalLen(uint64(w.s.num)) + 1 + decimalLen(w.head+1) + 1 + fields + 1
+	return len("id: ") + eventid.Len(eventid.EpochLen, w.s.num, w.head+1) + 1 + fields + 1
 }
 
 // usableLocked reports why nothing more can be appended, if so.
@@ -214,16 +230,7 @@ func (w *writer) flush() {
 
 // publish stores one batch.
 func (w *writer) publish(b *batch, expect uint64) (uint64, error) {
-	msg := nats.NewMsg(w.s.subject)
-	msg.Data = b.buf
-	msg.Header.Set(hdrFirst, strconv.FormatUint(b.first, 10))
-	msg.Header.Set(hdrOff, strconv.FormatInt(b.off, 10))
-	if len(b.lens) > 1 {
-		msg.Header.Set(hdrLens, joinLens(b.lens))
-	}
-	if len(b.answers) > 0 {
-		msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
-	}
+	msg := b.msg(w.s.subject)
 	id := w.s.key + "." + strconv.FormatUint(b.first, 10)
 	b.stored = storedSize(msg, id)
 	return w.st.publishAfter(msg, id, expect, w.aborted, w.emptied)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 // protocolVersion is what the clients ask for: resumable, no priming.
@@ -44,7 +45,7 @@ func startProxy(upstream string) (*proxy, error) {
 	}
 	var ports [4]int // admin, mcp_resume, plain, https
 	for i := range ports {
-		if ports[i], err = mcptest.FreePort(); err != nil {
+		if ports[i], err = testnet.FreePort(); err != nil {
 			return nil, err
 		}
 	}

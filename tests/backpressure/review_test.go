@@ -18,17 +18,12 @@ import (
 // to 2s): its stream is slowed to max_stream_bytes per resume_window while
 // the window holds the room, but it is never stalled.
 func TestAFastReaderIsNeverFailed(t *testing.T) {
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
+	_, c := floodProxy(t, 0, `
 			resume_window 2s
 			stall_timeout 2s
 			max_stream_bytes 64KiB
-			max_session_bytes 64KiB`))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+			max_session_bytes 64KiB`)
+	cl := session(t, c)
 	const n = 1000
 	s, err := cl.call(1, "flood", floodArgs(n, 200), 10*time.Second)
 	if err != nil {
@@ -55,12 +50,11 @@ func TestAFastReaderIsNeverFailed(t *testing.T) {
 // sessions start chatty calls and hang up, filling what streams without a
 // client may hold; an unrelated client's call still gets every event.
 func TestTheReserveServesConnectedClients(t *testing.T) {
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
+	f, c := floodProxy(t, 0, `
 			max_total_bytes 1MiB
 			max_session_bytes 128KiB
 			max_stream_bytes 128KiB
-			stall_timeout 1m`))
+			stall_timeout 1m`)
 	f.Hold("flood")
 	for i := 0; i < 8; i++ {
 		cl := newClient(c.Base(), "2025-06-18")
@@ -94,11 +88,7 @@ func TestTheReserveServesConnectedClients(t *testing.T) {
 		m, _ := c.Metrics()
 		return m.Series["caddy_mcp_resume_stalled_streams"] == 8
 	})
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+	cl := session(t, c)
 	s, err := cl.call(2, "flood", floodArgs(5, 200), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -178,17 +168,12 @@ func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
 // to head-1, leave no memory behind that the bounds do not see.
 func TestRetainedBytesTrackTheHeap(t *testing.T) {
 	harness.MemoryStoreOnly(t, heapVersusRetained)
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
+	_, c := floodProxy(t, 0, `
 			resume_window 10m
 			max_stream_bytes 32MiB
 			max_session_bytes 64MiB
-			max_total_bytes 64MiB`))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+			max_total_bytes 64MiB`)
+	cl := session(t, c)
 	base := mcptest.SettledHeap()
 	const n = 100000
 	for cycle := 1; cycle <= 5; cycle++ {
@@ -290,11 +275,7 @@ func TestMaxEventBytesIsOneSize(t *testing.T) {
 			max_stream_bytes 8192
 			max_event_bytes 8000
 			resume_window 1s`))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+	cl := session(t, c)
 	limit := func() float64 {
 		m, _ := c.Metrics()
 		return m.Series[`caddy_mcp_resume_limit_rejections_total{limit="max_event_bytes"}`]
@@ -332,20 +313,15 @@ func TestMaxEventBytesIsOneSize(t *testing.T) {
 // while the repeat still replays them to a slow client. The replay is a
 // resume from 0, and an attached reader protects what it has yet to read.
 func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
-	f := newFlood()
 	// The window (4s) must outlast the first read (a second or so, more
 	// under -race on a loaded machine) and be shorter than the slow repeat
 	// (10s).
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
+	_, c := floodProxy(t, 0, `
 			resume_window 4s
 			max_stream_bytes 64MiB
 			max_session_bytes 64MiB
-			max_total_bytes 128MiB`))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+			max_total_bytes 128MiB`)
+	cl := session(t, c)
 	const n = 20000
 	s, err := cl.call(1, "flood", floodArgs(n, 120), 20*time.Second)
 	if err != nil {
@@ -391,13 +367,8 @@ func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
 // their events are gone, so its memory, its admin view and the work per
 // request stay bounded.
 func TestEndedStreamsLeaveTheSession(t *testing.T) {
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), "resume_window 200ms"))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+	_, c := floodProxy(t, 0, "resume_window 200ms")
+	cl := session(t, c)
 	const calls = 1500
 	for i := 1; i <= calls; i++ {
 		s, err := cl.call(i, "flood", floodArgs(1, 120), 10*time.Second)

@@ -44,16 +44,14 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 		// sessions alone would add 160 MiB.
 		perSessionOverhead = 288 << 10
 	)
-	f := newFlood()
-	up := harness.StartHandlerSndbuf(t, f, 16<<10)
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, `
+	f, c := floodProxy(t, 16<<10, `
 			max_stream_bytes 128KiB
 			max_session_bytes 256KiB
 			max_total_bytes 16MiB
 			max_event_bytes 32KiB
 			max_sessions 1000
 			resume_window 1s
-			stall_timeout 60s`))
+			stall_timeout 60s`)
 
 	type kind int
 	const (
@@ -311,22 +309,16 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 		perSession   = 9*(4<<10) + 32<<10 + 2*maxEvent + eventSize + 16<<10
 		processFixed = 4 << 20
 	)
-	f := newFlood()
-	up := harness.StartHandlerSndbuf(t, f, 16<<10)
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, `
+	_, c := floodProxy(t, 16<<10, `
 			max_stream_bytes 1MiB
 			max_session_bytes 1MiB
 			max_total_bytes 16MiB
 			max_event_bytes 64KiB
 			resume_window 1s
-			stall_timeout 60s`))
+			stall_timeout 60s`)
 	clients := make([]*client, sessions)
 	for i := range clients {
-		clients[i] = newClient(c.Base(), "2025-06-18")
-		defer clients[i].close()
-		if err := clients[i].initialize(); err != nil {
-			t.Fatal(err)
-		}
+		clients[i] = session(t, c)
 	}
 	baseline := mcptest.SettledHeap()
 	stop := make(chan struct{})

@@ -18,6 +18,7 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 // Main is the TestMain of every package that starts Caddy: it runs the
@@ -84,7 +85,7 @@ const storeDirEnv = "MCPR_TEST_STORE_DIR"
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	p, err := mcptest.FreePort()
+	p, err := testnet.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,8 +29,7 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 		t.Fatalf("sessions before any traffic = %v (present %v), want 0", v, ok)
 	}
 
-	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	cl.Initialize()
+	cl := harness.NewSession(t, c.Base(), "2025-11-25")
 	m1 := scrapeBoth(t, c)
 	if got := m1.get("sessions"); got != 1 {
 		t.Errorf("sessions = %v after initialize, want 1", got)
@@ -105,8 +104,7 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 // gap signal, and the gap metrics move, while evicted-before-ack stays 0.
 func TestMetricsGap(t *testing.T) {
 	c, _ := start(t, "resume_window 300ms")
-	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	cl.Initialize()
+	cl := harness.NewSession(t, c.Base(), "2025-11-25")
 	m0 := scrapeBoth(t, c)
 
 	evs := cl.CallToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
@@ -177,8 +175,7 @@ func TestMetricsGap(t *testing.T) {
 func TestMetricsSurviveReload(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
 	c := harness.StartCaddy(t, site(upstream, ""))
-	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	cl.Initialize()
+	cl := harness.NewSession(t, c.Base(), "2025-11-25")
 	evs := cl.CallToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 0})
 	epoch := epochOf(t, evs[0].ID)
 	resp := cl.Resume(eid(epoch, 1, 1))
@@ -240,8 +237,7 @@ func TestEveryMetricIsExposed(t *testing.T) {
 	c := harness.StartCaddyWithSites(t, "", site(upstream, ""), mcptest.Site{Port: sharedPort,
 		Body: site(upstream, "zone shared\nstore nats {\n embedded "+t.TempDir()+"\n}")})
 	for _, base := range []string{c.Base(), fmt.Sprintf("http://127.0.0.1:%d", sharedPort)} {
-		cl := harness.NewRawClient(t, base, "2025-11-25")
-		cl.Initialize()
+		cl := harness.NewSession(t, base, "2025-11-25")
 		evs := cl.CallToEnd(1, "count", map[string]any{"n": 1, "interval_ms": 0})
 		resp := cl.Resume(evs[1].ID)
 		harness.ReadEvents(t, resp, 0)

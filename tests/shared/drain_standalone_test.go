@@ -3,6 +3,7 @@ package shared
 import (
 	"context"
 	"fmt"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ import (
 // from is the last event the store took, not the last one the tap read
 // (found by review: notice 52 of 120 went missing, silently).
 func TestDrainKeepsTheStandaloneEventBeingAppended(t *testing.T) {
-	ns := startNATS(t)
+	ns := testnet.NATS(t)
 	store := storeNATS(natsURLs(ns), "") + "\nmax_stream_bytes 8KiB\nmax_event_bytes 2KiB"
 	d := deploy(t, 2, store, demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]
