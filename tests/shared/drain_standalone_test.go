@@ -3,7 +3,6 @@ package shared
 import (
 	"context"
 	"fmt"
-	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 // The standalone stream's upstream read is paused by backpressure (its log
