@@ -131,15 +131,26 @@ func (s *memStream) Append(ctx context.Context, fields []byte, answers []string)
 			st.budget.release(s, reserved)
 			return 0, ErrStreamEnded
 		}
-		need := s.log.growth(s.log.framedLen(len(fields)), false)
+		n := s.log.framedLen(len(fields))
+		need := s.log.growth(n, false)
+		var freed int64
+		if need > 0 {
+			var recycled bool
+			if recycled, freed = s.recycleLocked(n); recycled {
+				need = 0 // the front chunk takes the event: no new memory
+			} else {
+				need = s.log.growth(n, false)
+			}
+		}
 		if need <= reserved {
 			seq := s.appendLocked(fields, answers, false)
 			s.mu.Unlock()
-			st.budget.release(s, reserved-need)
+			st.budget.release(s, reserved-need+freed)
 			st.counters.EventsEnqueued.Add(1)
 			return seq, nil
 		}
 		s.mu.Unlock()
+		st.budget.release(s, freed)
 		// Reserve outside the stream's lock: a blocked append must not hold
 		// up readers and acks, which are what free room.
 		if err := st.reserve(ctx, s, need-reserved); err != nil {
@@ -148,6 +159,37 @@ func (s *memStream) Append(ctx context.Context, fields []byte, answers []string)
 		}
 		reserved = need
 	}
+}
+
+// recycleLocked makes room for an event of n framed bytes that needs a new
+// chunk, from the front of the log, where policy lets every event of a
+// chunk go now: a chunk that suits is reused as the new last one (the
+// stream's byte count is unchanged, so the common append of a busy stream
+// takes no budget lock and allocates nothing); one that does not is evicted
+// on the way, and its bytes are returned to be released.
+func (s *memStream) recycleLocked(n int) (recycled bool, freed int64) {
+	if !s.log.needsChunk(n) || len(s.log.chunks) < 2 {
+		return false, 0
+	}
+	st := s.sess.store
+	var readerNext uint64
+	if s.reader != nil {
+		readerNext = s.reader.next
+	}
+	now, window := st.now(), st.Limits().ResumeWindow
+	for len(s.log.chunks) >= 2 {
+		last := s.log.chunks[0].last()
+		if s.log.evictableUpTo(last, s.acked, readerNext, false, now, window) < last {
+			break
+		}
+		if s.log.recyclable(n) {
+			st.counters.EventsEvicted.Add(s.log.recycle())
+			return true, freed
+		}
+		st.counters.EventsEvicted.Add(last - s.log.floor + 1)
+		freed += s.log.evict(last)
+	}
+	return false, freed
 }
 
 // appendLocked writes an event whose bytes are accounted for.
