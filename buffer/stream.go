@@ -122,40 +122,63 @@ func (s *memStream) progressSince(blockedAt, now time.Time) time.Time {
 }
 
 func (s *memStream) Append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
+	e := [1]Entry{{Fields: fields, Answers: answers}}
+	last, _, err := s.AppendBatch(ctx, e[:])
+	return last, err
+}
+
+// AppendBatch implements BatchAppender: the events that fit go in under one
+// hold of the stream's lock, the reader is woken once for them, and bytes
+// are reserved (outside the lock, blocking while the log is full) only for
+// an event that needs more memory than the log holds.
+func (s *memStream) AppendBatch(ctx context.Context, entries []Entry) (last uint64, n int, err error) {
 	st := s.sess.store
-	var reserved int64
+	var reserved int64 // reserved and not yet taken by the log
 	for {
 		s.mu.Lock()
 		if s.state != policy.Live {
 			s.mu.Unlock()
 			st.budget.release(s, reserved)
-			return 0, ErrStreamEnded
+			return last, n, ErrStreamEnded
 		}
-		n := s.log.framedLen(len(fields))
-		need := s.log.growth(n, false)
-		var freed int64
-		if need > 0 {
-			var recycled bool
-			if recycled, freed = s.recycleLocked(n); recycled {
-				need = 0 // the front chunk takes the event: no new memory
-			} else {
-				need = s.log.growth(n, false)
+		var freed, need int64
+		done := n
+		for n < len(entries) {
+			e := &entries[n]
+			size := s.log.framedLen(len(e.Fields))
+			if need = s.log.growth(size, false); need > 0 {
+				recycled, f := s.recycleLocked(size)
+				freed += f
+				if recycled {
+					need = 0 // the front chunk takes the event: no new memory
+				} else {
+					need = s.log.growth(size, false)
+				}
 			}
+			if need > reserved {
+				break
+			}
+			reserved -= need
+			last = s.appendLocked(e.Fields, e.Answers, false)
+			n++
 		}
-		if need <= reserved {
-			seq := s.appendLocked(fields, answers, false)
-			s.mu.Unlock()
-			st.budget.release(s, reserved-need+freed)
-			st.counters.EventsEnqueued.Add(1)
-			return seq, nil
+		if n > done {
+			s.wakeLocked()
 		}
 		s.mu.Unlock()
+		if n > done {
+			st.counters.EventsEnqueued.Add(uint64(n - done))
+		}
+		if n == len(entries) {
+			st.budget.release(s, reserved+freed)
+			return last, n, nil
+		}
 		st.budget.release(s, freed)
 		// Reserve outside the stream's lock: a blocked append must not hold
 		// up readers and acks, which are what free room.
 		if err := st.reserve(ctx, s, need-reserved); err != nil {
 			st.budget.release(s, reserved)
-			return 0, err
+			return last, n, err
 		}
 		reserved = need
 	}
@@ -192,7 +215,8 @@ func (s *memStream) recycleLocked(n int) (recycled bool, freed int64) {
 	return false, freed
 }
 
-// appendLocked writes an event whose bytes are accounted for.
+// appendLocked writes an event whose bytes are accounted for. The caller
+// wakes the reader, once for all it appends.
 func (s *memStream) appendLocked(fields []byte, answers []string, exact bool) uint64 {
 	seq := s.log.append(fields, exact)
 	for _, id := range answers {
@@ -202,7 +226,6 @@ func (s *memStream) appendLocked(fields []byte, answers []string, exact bool) ui
 			}
 		}
 	}
-	s.wakeLocked()
 	return seq
 }
 
@@ -227,6 +250,7 @@ func (s *memStream) Fail(reason policy.Reason, signals ...Signal) {
 		s.appendLocked(sig.Fields, sig.Answers, true)
 		st.counters.EventsEnqueued.Add(1)
 	}
+	s.wakeLocked()
 	s.mu.Unlock()
 	if s.kind == policy.RequestStream {
 		s.finish(policy.Failed, reason)
