@@ -115,7 +115,17 @@ func testHandler(t *testing.T) *Handler {
 	h.logger = zap.NewNop()
 	st := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
 	t.Cleanup(st.Close)
-	h.zone = &zone{name: "test", store: st}
+	// A zone whose store is open, as loadZone and open leave a memory one.
+	z := &zone{name: "test", backend: MemoryStore{}, store: st, ready: make(chan struct{})}
+	close(z.ready)
+	z.ctx, z.cancel = context.WithCancel(context.Background())
+	z.stopCtx, z.stop = context.WithCancel(context.Background())
+	z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
+	z.logger.Store(h.logger)
+	lim := h.limits()
+	z.limits.Store(&lim)
+	t.Cleanup(func() { z.stop(); z.cancel() })
+	h.zone = z
 	return h
 }
 
