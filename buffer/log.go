@@ -3,6 +3,7 @@ package buffer
 import (
 	"math/bits"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -23,6 +24,11 @@ import (
 type eventLog struct {
 	epoch string // framing: every ID is <epoch>-<num>-<seq>
 	num   uint32
+	// idPrefix is every event's "id: <epoch>-<num>-", formatted once;
+	// digits is the length of head+1 in decimal, and pow10 the next seq
+	// with one digit more.
+	idPrefix      string
+	digits, pow10 uint64
 
 	chunks      []*chunk // chunks[0] holds the floor, unless the log is empty
 	floor, head uint64   // lowest retained seq (head+1 when empty), last seq assigned
@@ -60,7 +66,9 @@ const (
 )
 
 func newEventLog(epoch string, num uint32, maxChunk int) eventLog {
-	return eventLog{epoch: epoch, num: num, floor: 1, maxChunk: max(maxChunk, minChunk)}
+	id0 := eventid.Append([]byte("id: "), epoch, num, 0)
+	prefix := string(id0[:len(id0)-1]) // without the seq
+	return eventLog{epoch: epoch, num: num, floor: 1, maxChunk: max(maxChunk, minChunk), idPrefix: prefix, digits: 1, pow10: 10}
 }
 
 func (c *chunk) last() uint64 { return c.first + uint64(len(c.ends)) - 1 }
@@ -80,7 +88,7 @@ func (c *chunk) span(seq uint64) (start, end uint32) {
 
 // framedLen is the length of the next event framed around fields.
 func (l *eventLog) framedLen(fields int) int {
-	return len("id: ") + len(l.epoch) + 1 + decimalLen(uint64(l.num)) + 1 + decimalLen(l.head+1) + 1 + fields + 1
+	return len(l.idPrefix) + int(l.digits) + 1 + fields + 1
 }
 
 func decimalLen(v uint64) int {
@@ -158,9 +166,14 @@ func (l *eventLog) recyclable(n int) bool {
 func (l *eventLog) recycle() uint64 {
 	c := l.chunks[0]
 	n := c.last() - l.floor + 1
-	l.size += l.drop(c.last(), false) // the capacity stays held
+	s, _ := c.span(l.floor)
+	l.live -= int64(len(c.buf)) - int64(s)
+	l.floor = c.last() + 1
+	l.pruneDeliveries()
+	// Rotate in place: the chunk list keeps its array.
+	copy(l.chunks, l.chunks[1:])
+	l.chunks[len(l.chunks)-1] = c
 	c.first, c.buf, c.ends = l.head+1, c.buf[:0], c.ends[:0]
-	l.chunks = append(l.chunks, c)
 	return n
 }
 
@@ -181,8 +194,11 @@ func (l *eventLog) append(fields []byte, exact bool) uint64 {
 		c.ends = ends
 	}
 	l.head++
-	c.buf = append(c.buf, "id: "...)
-	c.buf = eventid.Append(c.buf, l.epoch, l.num, l.head)
+	if l.head+1 == l.pow10 {
+		l.digits, l.pow10 = l.digits+1, l.pow10*10
+	}
+	c.buf = append(c.buf, l.idPrefix...)
+	c.buf = strconv.AppendUint(c.buf, l.head, 10)
 	c.buf = append(c.buf, '\n')
 	c.buf = append(c.buf, fields...)
 	c.buf = append(c.buf, '\n')
@@ -292,15 +308,9 @@ func (l *eventLog) drop(seq uint64, pool bool) int64 {
 // evictable returns the highest seq that may leave the log now: events go in
 // order while policy.Evictable allows, so the floor only moves up.
 func (l *eventLog) evictable(acked, readerNext uint64, deleted bool, now time.Time, window time.Duration) uint64 {
-	return l.evictableUpTo(l.head, acked, readerNext, deleted, now, window)
-}
-
-// evictableUpTo is evictable that looks no further than seq upTo.
-func (l *eventLog) evictableUpTo(upTo, acked, readerNext uint64, deleted bool, now time.Time, window time.Duration) uint64 {
-	upTo = min(upTo, l.head)
 	seq := l.floor - 1
 	d := 0
-	for seq < upTo {
+	for seq < l.head {
 		next := seq + 1
 		for d < len(l.deliveries) && l.deliveries[d].seq < next {
 			d++
@@ -315,6 +325,18 @@ func (l *eventLog) evictableUpTo(upTo, acked, readerNext uint64, deleted bool, n
 		seq = next
 	}
 	return seq
+}
+
+// evictableThrough reports whether events floor..seq (seq retained) may all
+// leave the log now. Evictability only falls with seq (acks and deliveries
+// come in order, and so does the reader), so policy need only be asked
+// about seq itself.
+func (l *eventLog) evictableThrough(seq, acked, readerNext uint64, now time.Time, window time.Duration) bool {
+	v := policy.EventView{Seq: seq, Acked: acked, ReaderNext: readerNext}
+	if d := sort.Search(len(l.deliveries), func(i int) bool { return l.deliveries[i].seq >= seq }); d < len(l.deliveries) {
+		v.DeliveredAt = time.Unix(0, l.deliveries[d].at)
+	}
+	return policy.Evictable(v, now, window)
 }
 
 // delivered records that events up to seq were written and flushed at now.

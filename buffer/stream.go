@@ -199,10 +199,17 @@ func (s *memStream) recycleLocked(n int) (recycled bool, freed int64) {
 	if s.reader != nil {
 		readerNext = s.reader.next
 	}
-	now, window := st.now(), st.Limits().ResumeWindow
+	var now time.Time
+	var window time.Duration
 	for len(s.log.chunks) >= 2 {
 		last := s.log.chunks[0].last()
-		if s.log.evictableUpTo(last, s.acked, readerNext, false, now, window) < last {
+		if last > s.acked && last > s.delivered {
+			break // neither acknowledged nor delivered: no clock lets it go
+		}
+		if now.IsZero() {
+			now, window = st.now(), st.Limits().ResumeWindow
+		}
+		if !s.log.evictableThrough(last, s.acked, readerNext, now, window) {
 			break
 		}
 		if s.log.recyclable(n) {
