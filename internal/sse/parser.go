@@ -85,42 +85,45 @@ func (p *Parser) feed(b []byte, emit func(*Event) error) error {
 		max = DefaultMaxEventBytes
 	}
 	// Line ends are found with vectorised IndexByte scans rather than
-	// IndexAny's byte loop. lf, the next LF in b (-1: none), is kept across
-	// lines, so CR-only input does not rescan the rest of b for every line.
-	lf := bytes.IndexByte(b, '\n')
-	for len(b) > 0 {
+	// IndexAny's byte loop. lf and cr, the next LF and CR at or after pos
+	// (len(b): none), are each found again only once passed, so every byte
+	// is scanned once for each; input without CR costs one CR scan in all.
+	next := func(c byte, from int) int {
+		if i := bytes.IndexByte(b[from:], c); i >= 0 {
+			return from + i
+		}
+		return len(b)
+	}
+	lf, cr := next('\n', 0), next('\r', 0)
+	for pos := 0; pos < len(b); {
 		if p.skipLF {
 			p.skipLF = false
-			if b[0] == '\n' {
-				b, lf = b[1:], bytes.IndexByte(b[1:], '\n')
+			if b[pos] == '\n' {
+				pos++
+				if lf < pos {
+					lf = next('\n', pos)
+				}
 				continue
 			}
 		}
-		end := len(b) // a CR past the next LF belongs to a later line
-		if lf >= 0 {
-			end = lf
-		}
-		i := lf
-		if cr := bytes.IndexByte(b[:end], '\r'); cr >= 0 {
-			i = cr
-		}
-		if i < 0 {
-			if len(p.line)+len(b)+p.size > max {
+		i := min(lf, cr)
+		if i == len(b) {
+			if len(p.line)+len(b)-pos+p.size > max {
 				return ErrEventTooLarge
 			}
-			p.line = append(p.line, b...)
+			p.line = append(p.line, b[pos:]...)
 			return nil
 		}
 		var line []byte
 		direct := false // line is in b, ended by a lone LF: what Raw takes
 		if len(p.line) > 0 {
-			if len(p.line)+i+p.size > max {
+			if len(p.line)+i-pos+p.size > max {
 				return ErrEventTooLarge
 			}
-			p.line = append(p.line, b[:i]...)
+			p.line = append(p.line, b[pos:i]...)
 			line = p.line
 		} else {
-			line, direct = b[:i], b[i] == '\n'
+			line, direct = b[pos:i], b[i] == '\n'
 		}
 		if b[i] == '\r' {
 			if i+1 < len(b) {
@@ -131,13 +134,12 @@ func (p *Parser) feed(b []byte, emit func(*Event) error) error {
 				p.skipLF = true
 			}
 		}
-		b = b[i+1:]
-		if lf >= 0 {
-			if lf <= i {
-				lf = bytes.IndexByte(b, '\n')
-			} else {
-				lf -= i + 1
-			}
+		pos = i + 1
+		if lf < pos {
+			lf = next('\n', pos)
+		}
+		if cr < pos {
+			cr = next('\r', pos)
 		}
 		if err := p.processLine(line, direct, max, emit); err != nil {
 			return err
