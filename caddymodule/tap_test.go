@@ -108,7 +108,7 @@ func result(id string, reqID string) string {
 }
 
 // testHandler is a provisioned-enough Handler on a private memory store.
-func testHandler(t *testing.T) *Handler {
+func testHandler(t testing.TB) *Handler {
 	t.Helper()
 	h := &Handler{StallTimeout: caddy.Duration(5 * time.Second), Keepalive: caddy.Duration(time.Second)}
 	h.setDefaults()
@@ -129,7 +129,7 @@ func testHandler(t *testing.T) *Handler {
 	return h
 }
 
-func newSession(t *testing.T, h *Handler, version string) buffer.Session {
+func newSession(t testing.TB, h *Handler, version string) buffer.Session {
 	t.Helper()
 	s, err := h.zone.store.CreateSession("sess-1", buffer.SessionMeta{Version: version, BindHeaders: h.BindHeaders,
 		Fingerprint: h.fingerprint(post("0"), h.BindHeaders)})
