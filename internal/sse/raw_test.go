@@ -57,9 +57,9 @@ func TestRaw(t *testing.T) {
 		{"data: x\nfoo: bar\n\n", []string{"<nil>"}},
 		{"data: x\r\n\r\n", []string{"<nil>"}},
 		{"data: x\rdata: y\n\n", []string{"<nil>"}},
-		{"\xEF\xBB\xBFdata: x\n\n", []string{"<nil>"}}, // the BOM is not the event's
+		{"\xEF\xBB\xBFdata: x\n\n", []string{"<nil>"}},  // the BOM is not the event's
 		{"event: \ndata: x\n\n", []string{"data: x\n"}}, // an empty type writes nothing
-		{"event: t\n\n", []string{"<nil>"}},            // no data
+		{"event: t\n\n", []string{"<nil>"}},             // no data
 		{"data: a\n\ndata:b\n\ndata: c\n\n", []string{"data: a\n", "<nil>", "data: c\n"}},
 	} {
 		if got := rawOf(t, tc.in); !reflect.DeepEqual(got, tc.want) {
