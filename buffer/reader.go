@@ -14,6 +14,7 @@ type memReader struct {
 	s    *memStream
 	next uint64 // guarded by s.mu
 
+	pins   []*chunk      // chunks the latest batch holds slices of; guarded by s.mu
 	timer  *time.Timer   // reused for idle waits
 	notify chan struct{} // capacity 1: a token tells a waiting Read to look again
 
@@ -46,6 +47,7 @@ func (r *memReader) Close() {
 		s.reader = nil
 		s.attached.Store(false)
 	}
+	r.pins = unpin(r.pins)
 	s.mu.Unlock()
 	r.close(io.ErrClosedPipe)
 	if r.timer != nil {
@@ -62,6 +64,9 @@ func (r *memReader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle t
 		default:
 		}
 		s.mu.Lock()
+		// The caller is done with the previous batch (its Data is valid
+		// until this Read): its chunks may be recycled again.
+		r.pins = unpin(r.pins)
 		if r.next < s.log.floor {
 			// Events this reader still had to read are gone: a bug that
 			// must never stay silent (the relay signals a gap).
@@ -75,7 +80,9 @@ func (r *memReader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle t
 			return Batch{}, ErrBelowFloor
 		}
 		if r.next <= s.log.head {
-			data, last := s.log.read(dst[:0], r.next, s.log.head, maxBytes)
+			var data [][]byte
+			var last uint64
+			data, r.pins, last = s.log.readPinned(dst[:0], r.pins, true, r.next, s.log.head, maxBytes)
 			b := Batch{First: r.next, Last: last, Data: data}
 			r.next = last + 1
 			s.mu.Unlock()

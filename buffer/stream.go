@@ -122,35 +122,108 @@ func (s *memStream) progressSince(blockedAt, now time.Time) time.Time {
 }
 
 func (s *memStream) Append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
+	e := [1]Entry{{Fields: fields, Answers: answers}}
+	last, _, err := s.AppendBatch(ctx, e[:])
+	return last, err
+}
+
+// AppendBatch implements BatchAppender: the events that fit go in under one
+// hold of the stream's lock, the reader is woken once for them, and bytes
+// are reserved (outside the lock, blocking while the log is full) only for
+// an event that needs more memory than the log holds.
+func (s *memStream) AppendBatch(ctx context.Context, entries []Entry) (last uint64, n int, err error) {
 	st := s.sess.store
-	var reserved int64
+	var reserved int64 // reserved and not yet taken by the log
 	for {
 		s.mu.Lock()
 		if s.state != policy.Live {
 			s.mu.Unlock()
 			st.budget.release(s, reserved)
-			return 0, ErrStreamEnded
+			return last, n, ErrStreamEnded
 		}
-		need := s.log.growth(s.log.framedLen(len(fields)), false)
-		if need <= reserved {
-			seq := s.appendLocked(fields, answers, false)
-			s.mu.Unlock()
-			st.budget.release(s, reserved-need)
-			st.counters.EventsEnqueued.Add(1)
-			return seq, nil
+		var freed, need int64
+		done := n
+		for n < len(entries) {
+			e := &entries[n]
+			size := s.log.framedLen(len(e.Fields))
+			if need = s.log.growth(size, false); need > 0 {
+				recycled, f := s.recycleLocked(size)
+				freed += f
+				if recycled {
+					need = 0 // the front chunk takes the event: no new memory
+				} else {
+					need = s.log.growth(size, false)
+				}
+			}
+			if need > reserved {
+				break
+			}
+			reserved -= need
+			last = s.appendLocked(e.Fields, e.Answers, false)
+			n++
+		}
+		if n > done {
+			s.wakeLocked()
 		}
 		s.mu.Unlock()
+		if n > done {
+			st.counters.EventsEnqueued.Add(uint64(n - done))
+		}
+		if n == len(entries) {
+			st.budget.release(s, reserved+freed)
+			return last, n, nil
+		}
+		st.budget.release(s, freed)
 		// Reserve outside the stream's lock: a blocked append must not hold
 		// up readers and acks, which are what free room.
 		if err := st.reserve(ctx, s, need-reserved); err != nil {
 			st.budget.release(s, reserved)
-			return 0, err
+			return last, n, err
 		}
 		reserved = need
 	}
 }
 
-// appendLocked writes an event whose bytes are accounted for.
+// recycleLocked makes room for an event of n framed bytes that needs a new
+// chunk, from the front of the log, where policy lets every event of a
+// chunk go now: a chunk that suits is reused as the new last one (the
+// stream's byte count is unchanged, so the common append of a busy stream
+// takes no budget lock and allocates nothing); one that does not is evicted
+// on the way, and its bytes are returned to be released.
+func (s *memStream) recycleLocked(n int) (recycled bool, freed int64) {
+	if !s.log.needsChunk(n) || len(s.log.chunks) < 2 {
+		return false, 0
+	}
+	st := s.sess.store
+	var readerNext uint64
+	if s.reader != nil {
+		readerNext = s.reader.next
+	}
+	var now time.Time
+	var window time.Duration
+	for len(s.log.chunks) >= 2 {
+		last := s.log.chunks[0].last()
+		if last > s.acked && last > s.delivered {
+			break // neither acknowledged nor delivered: no clock lets it go
+		}
+		if now.IsZero() {
+			now, window = st.now(), st.Limits().ResumeWindow
+		}
+		if !s.log.evictableThrough(last, s.acked, readerNext, now, window) {
+			break
+		}
+		if s.log.recyclable(n) {
+			st.counters.EventsEvicted.Add(s.log.recycle())
+			return true, freed
+		}
+		st.counters.EventsEvicted.Add(last - s.log.floor + 1)
+		freed += s.log.evict(last)
+	}
+	return false, freed
+}
+
+// appendLocked writes an event whose bytes are accounted for. The caller
+// wakes the reader, once for all it appends.
 func (s *memStream) appendLocked(fields []byte, answers []string, exact bool) uint64 {
 	seq := s.log.append(fields, exact)
 	for _, id := range answers {
@@ -160,7 +233,6 @@ func (s *memStream) appendLocked(fields []byte, answers []string, exact bool) ui
 			}
 		}
 	}
-	s.wakeLocked()
 	return seq
 }
 
@@ -185,6 +257,7 @@ func (s *memStream) Fail(reason policy.Reason, signals ...Signal) {
 		s.appendLocked(sig.Fields, sig.Answers, true)
 		st.counters.EventsEnqueued.Add(1)
 	}
+	s.wakeLocked()
 	s.mu.Unlock()
 	if s.kind == policy.RequestStream {
 		s.finish(policy.Failed, reason)

@@ -56,8 +56,13 @@ type upstreamTap struct {
 	retry  time.Duration
 	recent []string // the last upstream IDs taken, oldest first
 
-	parser   sse.Parser
-	scratch  []byte
+	parser sse.Parser
+	// The events of one upstream write, appended together when it has been
+	// parsed: fields alias the write's bytes (an event that came as it is
+	// stored) or framed, which holds the others back to back.
+	batch    []buffer.Entry
+	batchIDs []upstreamID // the upstream's ids of batch, taken once the batch is in
+	framed   []byte
 	pending  []string // request ids (canonical) still without an answer, in request order
 	progress bool     // the current attempt brought something new
 	failure  error    // why the current attempt's appends stopped
@@ -156,13 +161,16 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 			// An event the upstream ended without its blank line is
 			// complete as far as clients go (the SDK clients dispatch it).
 			t.failure = t.parser.Finish(t.onEvent)
+			if err := t.flush(); t.failure == nil {
+				t.failure = err
+			}
 		}
 	}()
 	res.proxied = t.next.ServeHTTP(tw, req.WithContext(ctx))
 	return res
 }
 
-// onEvent takes one upstream event into the stream.
+// onEvent takes one upstream event into the batch of the write being parsed.
 func (t *upstreamTap) onEvent(ev *sse.Event) error {
 	if ev.HasID && t.seenID(ev.ID) {
 		return nil // a replay repeated an event the stream has
@@ -171,49 +179,126 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		t.retry = time.Duration(ev.Retry) * time.Millisecond
 	}
 	if !ev.HasData || len(ev.Data) == 0 {
-		t.took(ev) // priming and close events are the upstream's, not the client's
+		// Priming and close events are the upstream's, not the client's; the
+		// cursor moves past one only once what came before it is in.
+		if err := t.flush(); err != nil {
+			return err
+		}
+		t.took(upstreamID{ev.ID, ev.HasID})
 		return nil
 	}
-	e := *ev
-	e.HasRetry = false // the proxy follows the upstream itself; clients keep their own pace
-	t.scratch = sse.AppendFields(t.scratch[:0], &e)
-	if int64(len(t.scratch)) > t.h.MaxEventBytes {
+	// Stored without the upstream's id and retry (the proxy follows the
+	// upstream itself; clients keep their own pace): the upstream's bytes as
+	// they came when that is already the stored form, else framed anew.
+	fields := ev.Raw
+	if fields == nil {
+		e := *ev
+		e.HasRetry = false
+		if len(t.batch) > 0 && cap(t.framed)-len(t.framed) < sse.FieldsLen(&e) {
+			// Framing would move the buffer the batch's fields point into.
+			if err := t.flush(); err != nil {
+				return err
+			}
+		}
+		start := len(t.framed)
+		t.framed = sse.AppendFields(t.framed, &e)
+		fields = t.framed[start:len(t.framed):len(t.framed)]
+	}
+	if int64(len(fields)) > t.h.MaxEventBytes {
+		if err := t.flush(); err != nil { // what came before it goes in
+			return err
+		}
 		return errTooLarge
 	}
-	answers := t.answers(ev.Data)
-	seq, err := t.stream.Append(t.ctx, t.scratch, answers)
+	t.batch = append(t.batch, buffer.Entry{Fields: fields, Answers: t.answers(ev.Data)})
+	t.batchIDs = append(t.batchIDs, upstreamID{ev.ID, ev.HasID})
+	if len(t.batch) == maxBatch {
+		return t.flush()
+	}
+	return nil
+}
+
+// maxBatch bounds the events appended in one step.
+const maxBatch = 64
+
+// flush appends the batch to the stream. Requests whose answers did not go
+// in are pending again, so a failure still answers them.
+func (t *upstreamTap) flush() error {
+	if len(t.batch) == 0 {
+		return nil
+	}
+	var last uint64
+	var n int
+	var err error
+	if ba, ok := t.stream.(buffer.BatchAppender); ok {
+		last, n, err = ba.AppendBatch(t.ctx, t.batch)
+	} else {
+		for n < len(t.batch) {
+			var seq uint64
+			if seq, err = t.stream.Append(t.ctx, t.batch[n].Fields, t.batch[n].Answers); err != nil {
+				break
+			}
+			last = seq
+			n++
+		}
+	}
 	if c := t.h.logger.Check(zap.DebugLevel, "event appended"); c != nil {
-		c.Write(zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()), zap.Uint64("seq", seq),
-			zap.Int("bytes", len(t.scratch)), zap.Strings("answers", answers), zap.Error(err))
+		for i, e := range t.batch[:min(n+1, len(t.batch))] {
+			seq, ierr := last-uint64(n-1-i), error(nil)
+			if i == n {
+				seq, ierr = 0, err
+			}
+			t.h.logger.Debug("event appended", zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()),
+				zap.Uint64("seq", seq), zap.Int("bytes", len(e.Fields)), zap.Strings("answers", e.Answers), zap.Error(ierr))
+		}
 	}
-	if cap(t.scratch) > 64<<10 {
-		t.scratch = nil // do not keep an event-sized buffer for the stream's life
+	for _, id := range t.batchIDs[:n] {
+		t.took(id)
 	}
-	if err == nil {
-		t.took(ev)
+	for _, e := range t.batch[n:] {
+		t.pending = append(t.pending, e.Answers...)
+	}
+	clear(t.batch) // keep no reference to the upstream's bytes
+	t.batch = t.batch[:0]
+	clear(t.batchIDs)
+	t.batchIDs = t.batchIDs[:0]
+	t.framed = t.framed[:0]
+	if cap(t.framed) > 64<<10 {
+		t.framed = nil // do not keep an event-sized buffer for the stream's life
 	}
 	return err
 }
 
-// took records that the stream has ev: its upstream ID becomes the cursor
+// took records that the stream has an upstream event: its ID becomes the cursor
 // the next upstream request resumes from. Only then: an event whose append
 // failed (a drain or a session end cut it short) must be asked for again.
-func (t *upstreamTap) took(ev *sse.Event) {
+func (t *upstreamTap) took(id upstreamID) {
 	t.progress = true
-	if !ev.HasID {
+	if !id.has {
 		return
 	}
-	t.lastID = ev.ID
+	t.lastID = id.id
 	if len(t.recent) == recentUpstream {
 		t.recent = append(t.recent[:0], t.recent[1:]...)
 	}
-	t.recent = append(t.recent, ev.ID)
+	t.recent = append(t.recent, id.id)
+}
+
+// upstreamID is an upstream event's id field, if it had one.
+type upstreamID struct {
+	id  string
+	has bool
 }
 
 // seenID reports whether the stream has the upstream's event id already.
 func (t *upstreamTap) seenID(id string) bool {
 	for _, s := range t.recent {
 		if s == id {
+			return true
+		}
+	}
+	for _, b := range t.batchIDs {
+		if b.has && b.id == id {
 			return true
 		}
 	}
@@ -244,7 +329,11 @@ func (t *upstreamTap) answers(data []byte) []string {
 		out = append(out, t.pending[k])
 		t.pending = append(t.pending[:k], t.pending[k+1:]...)
 	}
-	if d := bytes.TrimLeft(data, " \t\r\n"); len(d) > 0 && d[0] == '[' {
+	d := data
+	for len(d) > 0 && (d[0] == ' ' || d[0] == '\t' || d[0] == '\r' || d[0] == '\n') {
+		d = d[1:]
+	}
+	if len(d) > 0 && d[0] == '[' {
 		jsonrpc.PeekAll(d, func(m jsonrpc.Message) { // a batch (2025-03-26)
 			if m.Kind == jsonrpc.Response {
 				answer(m.ID)
@@ -510,7 +599,13 @@ func (tw *tapWriter) Write(p []byte) (int, error) {
 	if t.failure != nil {
 		return 0, t.failure
 	}
-	if err := t.parser.Feed(p, t.onEvent); err != nil {
+	err := t.parser.Feed(p, t.onEvent)
+	if err == nil {
+		err = t.flush() // before p goes back to reverse_proxy
+	} else {
+		t.flush() // what came before the error goes in; the error is the one to report
+	}
+	if err != nil {
 		// reverse_proxy stops reading the upstream and aborts: the stream
 		// cannot go on (a stall, an oversized event, the session's end).
 		t.failure = err

@@ -108,7 +108,7 @@ func result(id string, reqID string) string {
 }
 
 // testHandler is a provisioned-enough Handler on a private memory store.
-func testHandler(t *testing.T) *Handler {
+func testHandler(t testing.TB) *Handler {
 	t.Helper()
 	h := &Handler{StallTimeout: caddy.Duration(5 * time.Second), Keepalive: caddy.Duration(time.Second)}
 	h.setDefaults()
@@ -122,7 +122,7 @@ func testHandler(t *testing.T) *Handler {
 	return h
 }
 
-func newSession(t *testing.T, h *Handler, version string) buffer.Session {
+func newSession(t testing.TB, h *Handler, version string) buffer.Session {
 	t.Helper()
 	s, err := h.zone.store.CreateSession("sess-1", buffer.SessionMeta{Version: version, BindHeaders: h.BindHeaders,
 		Fingerprint: h.fingerprint(post("0"), h.BindHeaders)})
@@ -513,5 +513,82 @@ func TestFailureSignalIsResumable(t *testing.T) {
 	g.Header.Set(hdrLastEventID, evs[1].ID)
 	if w := serve(t, h, &upstream{}, g); w.Code != http.StatusNoContent {
 		t.Fatalf("resume at the end: %d", w.Code)
+	}
+}
+
+// Events of one upstream write are appended together, in order, whatever
+// their form: as stored already (taken as they came), with ids or CR LF
+// line ends or several data lines (framed anew); the client gets each once,
+// framed as the proxy frames every event, and the answer completes the call.
+func TestTapOneWriteManyEvents(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-06-18")
+	body := progress("", 1) + "id: u2\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progress\":2}}\n\n" +
+		"data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\r\ndata: \"params\":{\"progress\":3}}\r\n\r\n" +
+		": keep-alive\n\n" + progress("", 4) + result("", `"r1"`)
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("eof", body)}}
+	w := serve(t, h, up, post(`"r1"`))
+	raw := w.Body.String()
+	evs := events(t, raw)
+	checkContiguous(t, evs)
+	if len(evs) != 5 || !strings.Contains(evs[4].Data, `"id":"r1","result"`) {
+		t.Fatalf("client got %+v", evs)
+	}
+	for i, want := range []string{`"progress":1}`, `"progress":2}`, `"params":{"progress":3}}`, `"progress":4}`} {
+		if !strings.Contains(evs[i].Data, want) {
+			t.Fatalf("event %d is %+v, want %s", i+1, evs[i], want)
+		}
+	}
+	if strings.Contains(raw, "\r") || strings.Contains(raw, "u2") {
+		t.Fatalf("the client got the upstream's framing: %q", raw)
+	}
+	if !strings.Contains(raw, "\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\ndata: \"params\"") {
+		t.Fatalf("multi-line data not kept as lines: %q", raw)
+	}
+	s, _ := h.zone.store.Session("sess-1")
+	str, _ := s.Stream(1)
+	if v := str.View(); v.State != policy.Complete || v.Requests[0].AnsweredAt != 5 {
+		t.Fatalf("stream %+v", v)
+	}
+}
+
+// An event over max_event_bytes fails the stream, and the events the same
+// write carried before it are kept and delivered first.
+func TestTapTooLargeAfterSmallEvents(t *testing.T) {
+	h := testHandler(t)
+	h.MaxEventBytes = 512
+	newSession(t, h, "2025-06-18")
+	big := "data: " + strings.Repeat("x", 600) + "\n\n"
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("eof", progress("", 1)+progress("", 2)+big)}}
+	w := serve(t, h, up, post(`"r1"`))
+	evs := events(t, w.Body.String())
+	checkContiguous(t, evs)
+	if len(evs) != 4 || !strings.Contains(evs[1].Data, `"progress":2`) || evs[2].Type != "gap" ||
+		!strings.Contains(evs[2].Data, string(policy.ReasonTooLarge)) || !strings.Contains(evs[3].Data, `"id":"r1","error"`) {
+		t.Fatalf("client got %+v", evs)
+	}
+}
+
+// onlyAppend hides a stream's AppendBatch: a store without it.
+type onlyAppend struct{ buffer.Stream }
+
+// flush works the same with a stream that appends one event at a time, and
+// a request whose answer did not go in is pending again.
+func TestTapFlushWithoutBatchAppender(t *testing.T) {
+	h := testHandler(t)
+	s := newSession(t, h, "2025-06-18")
+	str, err := s.NewStream([]string{`"a"`, `"b"`}, [32]byte{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := &upstreamTap{h: h, sess: s, stream: onlyAppend{str}, ctx: context.Background()}
+	tap.batch = []buffer.Entry{{Fields: []byte("data: 1\n")}, {Fields: []byte("data: 2\n"), Answers: []string{`"a"`}}}
+	if err := tap.flush(); err != nil || str.View().Head != 2 || len(tap.batch) != 0 || !tap.progress {
+		t.Fatalf("flush: %v, view %+v, batch %d", err, str.View(), len(tap.batch))
+	}
+	str.Complete()
+	tap.batch = []buffer.Entry{{Fields: []byte("data: 3\n"), Answers: []string{`"b"`}}}
+	if err := tap.flush(); err != buffer.ErrStreamEnded || len(tap.pending) != 1 || tap.pending[0] != `"b"` {
+		t.Fatalf("flush on an ended stream: %v, pending %q", err, tap.pending)
 	}
 }

@@ -39,9 +39,21 @@ func Peek(data []byte) Message { return peek(data, false) }
 // near the front, so notifications (most of a stream) cost a few bytes, not a
 // pass over their payload. It never reports a response Peek would not.
 func PeekResponse(data []byte) (id []byte, ok bool) {
+	// The notifications SDKs write (compact JSON, "jsonrpc" then "method",
+	// or "method" first) are known by their first bytes: the scan would stop
+	// at that method member too (a string value: a notification, or invalid
+	// if it never ends), so no scan is needed.
+	if bytes.HasPrefix(data, notificationPrefix) || bytes.HasPrefix(data, methodFirstPrefix) {
+		return nil, false
+	}
 	m := peek(data, true)
 	return m.ID, m.Kind == Response
 }
+
+var (
+	notificationPrefix = []byte(`{"jsonrpc":"2.0","method":"`)
+	methodFirstPrefix  = []byte(`{"method":"`)
+)
 
 func peek(data []byte, stopAtMethod bool) Message {
 	var m Message

@@ -265,3 +265,24 @@ func FuzzPeekResponse(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPeekResponseShortcut checks PeekResponse's shortcut for the common
+// notification prefixes: on every input it answers exactly what the full
+// scan (stopping at a method member) answers.
+func FuzzPeekResponseShortcut(f *testing.F) {
+	for _, s := range peekSeeds {
+		f.Add([]byte(s))
+	}
+	f.Add([]byte(`{"jsonrpc":"2.0","method":"notifications/progress","params":{"progress":1}}`))
+	f.Add([]byte(`{"jsonrpc":"2.0","method":"x`))
+	f.Add([]byte(`{"jsonrpc":"2.0","method":"a\"","id":1,"result":{}}`))
+	f.Add([]byte(`{"method":"x","id":1,"result":{}}`))
+	f.Add([]byte(`{"jsonrpc":"2.0","id":1,"result":{}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		id, ok := PeekResponse(data)
+		m := peek(data, true)
+		if ok != (m.Kind == Response) || !bytes.Equal(id, m.ID) || id == nil != (m.ID == nil) {
+			t.Fatalf("%q: PeekResponse (%q, %v), the scan (%q, %v)", data, id, ok, m.ID, m.Kind)
+		}
+	})
+}

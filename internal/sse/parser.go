@@ -22,8 +22,8 @@ const DefaultMaxEventBytes = 4 << 20
 // that once carried a large event must not hold that much for its life.
 const keepBuffer = 64 << 10
 
-// Event is one dispatched SSE event. Data aliases the parser's buffer and is
-// only valid until the emit callback returns.
+// Event is one dispatched SSE event. Data and Raw alias the parser's buffer
+// or the chunk being fed, and are only valid until the emit callback returns.
 type Event struct {
 	ID       string
 	HasID    bool
@@ -32,6 +32,13 @@ type Event struct {
 	HasData  bool   // at least one data line was seen
 	Retry    int64  // reconnection time in ms, when HasRetry
 	HasRetry bool
+	// Raw, when not nil, is what AppendFields writes for the event without
+	// its retry field, found as such in the input: the event's "event:" line
+	// (if any) and its "data: " lines, contiguous and LF-terminated within
+	// one chunk. A proxy that stores that form can take it as it came,
+	// instead of re-framing it. Ids, retry fields, comments and other lines
+	// may precede the first of them; none may come between.
+	Raw []byte
 }
 
 // Parser is an incremental SSE parser. The zero value is ready to use.
@@ -44,52 +51,79 @@ type Parser struct {
 	size    int    // bytes accumulated for the current event
 	ev      Event
 	data    []byte
+	// aliased: ev.Data is a value in the chunk being fed, not in data (a
+	// single data line needs no copy); copied into data before Feed returns.
+	aliased bool
+	// raw is the chunk being fed from the event's first "event:" or "data:"
+	// line on, rawLen how much of it the event's lines take, while the event
+	// may still have a Raw form; rawBad once it cannot.
+	raw    []byte
+	rawLen int
+	rawBad bool
+	typ    string // the last type seen, reused so that a repeated type costs no allocation
 }
 
 // Feed parses p and calls emit for every complete event, in order. An error from
 // emit stops parsing and is returned. After ErrEventTooLarge the parser must not
 // be fed again.
 func (p *Parser) Feed(b []byte, emit func(*Event) error) error {
+	err := p.feed(b, emit)
+	// What aliases b must not outlive this call: the caller reuses b.
+	if p.aliased {
+		p.data = append(p.data[:0], p.ev.Data...)
+		p.aliased = false
+	}
+	if p.raw != nil {
+		p.raw, p.rawBad = nil, true
+	}
+	return err
+}
+
+func (p *Parser) feed(b []byte, emit func(*Event) error) error {
 	max := p.MaxEventBytes
 	if max <= 0 {
 		max = DefaultMaxEventBytes
 	}
 	// Line ends are found with vectorised IndexByte scans rather than
-	// IndexAny's byte loop. lf, the next LF in b (-1: none), is kept across
-	// lines, so CR-only input does not rescan the rest of b for every line.
-	lf := bytes.IndexByte(b, '\n')
-	for len(b) > 0 {
+	// IndexAny's byte loop. lf and cr, the next LF and CR at or after pos
+	// (len(b): none), are each found again only once passed, so every byte
+	// is scanned once for each; input without CR costs one CR scan in all.
+	next := func(c byte, from int) int {
+		if i := bytes.IndexByte(b[from:], c); i >= 0 {
+			return from + i
+		}
+		return len(b)
+	}
+	lf, cr := next('\n', 0), next('\r', 0)
+	for pos := 0; pos < len(b); {
 		if p.skipLF {
 			p.skipLF = false
-			if b[0] == '\n' {
-				b, lf = b[1:], bytes.IndexByte(b[1:], '\n')
+			if b[pos] == '\n' {
+				pos++
+				if lf < pos {
+					lf = next('\n', pos)
+				}
 				continue
 			}
 		}
-		end := len(b) // a CR past the next LF belongs to a later line
-		if lf >= 0 {
-			end = lf
-		}
-		i := lf
-		if cr := bytes.IndexByte(b[:end], '\r'); cr >= 0 {
-			i = cr
-		}
-		if i < 0 {
-			if len(p.line)+len(b)+p.size > max {
+		i := min(lf, cr)
+		if i == len(b) {
+			if len(p.line)+len(b)-pos+p.size > max {
 				return ErrEventTooLarge
 			}
-			p.line = append(p.line, b...)
+			p.line = append(p.line, b[pos:]...)
 			return nil
 		}
 		var line []byte
+		direct := false // line is in b, ended by a lone LF: what Raw takes
 		if len(p.line) > 0 {
-			if len(p.line)+i+p.size > max {
+			if len(p.line)+i-pos+p.size > max {
 				return ErrEventTooLarge
 			}
-			p.line = append(p.line, b[:i]...)
+			p.line = append(p.line, b[pos:i]...)
 			line = p.line
 		} else {
-			line = b[:i]
+			line, direct = b[pos:i], b[i] == '\n'
 		}
 		if b[i] == '\r' {
 			if i+1 < len(b) {
@@ -100,15 +134,14 @@ func (p *Parser) Feed(b []byte, emit func(*Event) error) error {
 				p.skipLF = true
 			}
 		}
-		b = b[i+1:]
-		if lf >= 0 {
-			if lf <= i {
-				lf = bytes.IndexByte(b, '\n')
-			} else {
-				lf -= i + 1
-			}
+		pos = i + 1
+		if lf < pos {
+			lf = next('\n', pos)
 		}
-		if err := p.processLine(line, max, emit); err != nil {
+		if cr < pos {
+			cr = next('\r', pos)
+		}
+		if err := p.processLine(line, direct, max, emit); err != nil {
 			return err
 		}
 		p.line = p.line[:0]
@@ -119,7 +152,9 @@ func (p *Parser) Feed(b []byte, emit func(*Event) error) error {
 	return nil
 }
 
-func (p *Parser) processLine(line []byte, max int, emit func(*Event) error) error {
+// processLine takes one line without its end; direct says it is in the
+// chunk being fed, ended by a lone LF.
+func (p *Parser) processLine(line []byte, direct bool, max int, emit func(*Event) error) error {
 	if p.size+len(line) > max {
 		// Checked for every line, comments included, so the outcome does not
 		// depend on how the input was chunked (Feed checks partial lines).
@@ -127,13 +162,16 @@ func (p *Parser) processLine(line []byte, max int, emit func(*Event) error) erro
 	}
 	if !p.started {
 		p.started = true
-		line = bytes.TrimPrefix(line, []byte("\xEF\xBB\xBF"))
+		if bytes.HasPrefix(line, []byte("\xEF\xBB\xBF")) {
+			line, direct = line[3:], false
+		}
 	}
 	if len(line) == 0 {
 		return p.dispatch(emit)
 	}
 	if line[0] == ':' {
-		return nil // comment, e.g. a keep-alive
+		p.notRaw() // comment, e.g. a keep-alive
+		return nil
 	}
 	p.size += len(line)
 	if p.size > max {
@@ -148,39 +186,94 @@ func (p *Parser) processLine(line []byte, max int, emit func(*Event) error) erro
 	}
 	switch string(field) {
 	case "data":
-		if p.ev.HasData {
-			p.data = append(p.data, '\n')
+		// As AppendFields writes it: "data: " and the value.
+		p.rawLine(line, direct && len(value) < len(line)-len("data:"))
+		switch {
+		case !p.ev.HasData && direct:
+			p.ev.Data, p.aliased = value, true // no copy, unless another line follows
+		case p.aliased:
+			p.data = append(append(append(p.data[:0], p.ev.Data...), '\n'), value...)
+			p.aliased = false
+		default:
+			if p.ev.HasData {
+				p.data = append(p.data, '\n')
+			}
+			p.data = append(p.data, value...)
 		}
-		p.data = append(p.data, value...)
 		p.ev.HasData = true
 	case "event":
-		p.ev.Type = string(value)
+		if len(value) == 0 {
+			p.notRaw() // no type: AppendFields writes no line for it
+		} else {
+			// As AppendFields writes it: "event: " and the type, first of all.
+			p.rawLine(line, direct && p.raw == nil && len(value) < len(line)-len("event:"))
+		}
+		if string(value) != p.typ {
+			p.typ = string(value)
+		}
+		p.ev.Type = p.typ
 	case "id":
+		p.notRaw()
 		if bytes.IndexByte(value, 0) < 0 { // the spec ignores ids containing NUL
 			p.ev.ID, p.ev.HasID = string(value), true
 		}
 	case "retry":
+		p.notRaw()
 		if n, err := strconv.ParseInt(string(value), 10, 64); err == nil && n >= 0 && isDigits(value) {
 			p.ev.Retry, p.ev.HasRetry = n, true
 		}
+	default:
+		p.notRaw()
 	}
 	return nil
 }
 
+// rawLine extends the event's Raw form by line (a slice of the chunk being
+// fed), or ends the chance of one if the line does not qualify.
+func (p *Parser) rawLine(line []byte, ok bool) {
+	switch {
+	case p.rawBad:
+	case !ok:
+		p.raw, p.rawBad = nil, true
+	case p.raw == nil:
+		p.raw, p.rawLen = line[:0], len(line)+1 // from the line's start on
+	default:
+		p.rawLen += len(line) + 1
+	}
+}
+
+// notRaw notes a line that Raw cannot hold: before the event's fields it is
+// simply not part of them; among them it ends the chance of a Raw form.
+func (p *Parser) notRaw() {
+	if p.raw != nil {
+		p.raw, p.rawBad = nil, true
+	}
+}
+
 func (p *Parser) dispatch(emit func(*Event) error) error {
 	if !p.ev.HasData && !p.ev.HasID && !p.ev.HasRetry && p.ev.Type == "" {
-		p.size = 0 // only unknown or ignored fields (if any): nothing to dispatch
+		p.resetEvent() // only unknown or ignored fields (if any): nothing to dispatch
 		return nil
 	}
-	p.ev.Data = p.data
+	if !p.aliased {
+		p.ev.Data = p.data
+	}
+	if p.raw != nil && !p.rawBad && p.ev.HasData {
+		p.ev.Raw = p.raw[:p.rawLen]
+	}
 	err := emit(&p.ev)
+	p.resetEvent()
+	return err
+}
+
+func (p *Parser) resetEvent() {
 	p.ev = Event{}
 	p.data = p.data[:0]
 	if cap(p.data) > keepBuffer {
 		p.data = nil
 	}
 	p.size = 0
-	return err
+	p.aliased, p.raw, p.rawLen, p.rawBad = false, nil, 0, false
 }
 
 func isDigits(b []byte) bool {
@@ -202,12 +295,12 @@ func (p *Parser) Finish(emit func(*Event) error) error {
 	if len(p.line) > 0 {
 		line := p.line
 		p.line = nil
-		if err := p.processLine(line, max, emit); err != nil {
+		if err := p.processLine(line, false, max, emit); err != nil {
 			return err
 		}
 	}
 	if !p.ev.HasData {
-		p.ev, p.data, p.size = Event{}, p.data[:0], 0
+		p.resetEvent()
 		return nil
 	}
 	return p.dispatch(emit)
