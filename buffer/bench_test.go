@@ -17,7 +17,6 @@ var benchSizes = []struct {
 	size int
 }{{"100B", 100}, {"1KiB", 1 << 10}, {"16KiB", 16 << 10}}
 
-<<<<<<< HEAD
 // benchStream is a fresh stream of a store whose bounds hold a replay's
 // history, and an event of size payload bytes to append to it.
 func benchStream(b *testing.B, size int) (buffer.Stream, []byte) {
@@ -30,14 +29,6 @@ func benchStream(b *testing.B, size int) (buffer.Stream, []byte) {
 	return str, storetest.Fields(make([]byte, size))
 }
 
-// BenchmarkAppend: one op is one Append; the log is acked in batches so
-// bounds never block (the cost of eviction by ack is included). Allocations
-// per op must stay 0: events are framed into chunks, not allocated one by one.
-func BenchmarkAppend(b *testing.B) {
-	for _, sz := range benchSizes {
-		b.Run(sz.name, func(b *testing.B) {
-			str, data := benchStream(b, sz.size)
-=======
 // perEvent reports, besides testing's per-op figures (which round
 // allocations down to a whole number), the allocations and bytes allocated
 // per event as fractions, so an amortised 0.02 allocs/event shows.
@@ -78,22 +69,21 @@ func (p *perEvent) stop(events int) {
 func BenchmarkAppend(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.name, func(b *testing.B) {
-			lim := bigLimits()
+			lim := storetest.BigLimits()
 			lim.ResumeWindow = time.Millisecond
 			var clock atomic.Int64
 			clock.Store(time.Now().UnixNano())
 			now := func() time.Time { return time.Unix(0, clock.Load()) }
-			st := NewMemoryStore(Options{Limits: lim, SweepInterval: time.Hour, Now: now})
+			st := buffer.NewMemoryStore(buffer.Options{Limits: lim, SweepInterval: time.Hour, Now: now})
 			defer st.Close()
-			s, _ := st.CreateSession("bench", SessionMeta{})
+			s, _ := st.CreateSession("bench", buffer.SessionMeta{})
 			str, _ := s.NewStream([]string{"1"}, [32]byte{})
 			r, err := str.Attach(1)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer r.Close()
-			data := fields(make([]byte, sz.size))
->>>>>>> df15e09
+			data := storetest.Fields(make([]byte, sz.size))
 			ctx := context.Background()
 			dst := make([][]byte, 0, 16)
 			appendOne := func(consume bool) {
@@ -102,17 +92,12 @@ func BenchmarkAppend(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-<<<<<<< HEAD
-				if seq%1024 == 0 {
-					buffer.Ack(str, seq)
-=======
 				for consume && r.Next() <= seq {
 					batch, err := r.Read(ctx, dst, 256<<10, time.Second)
 					if err != nil {
 						b.Fatal(err)
 					}
 					r.Delivered(batch.Last)
->>>>>>> df15e09
 				}
 			}
 			for i := 0; i < 4096; i++ { // to the steady state

@@ -1,5 +1,7 @@
 package buffer
 
+import "unsafe"
+
 // Test-only access for the external tests (package buffer_test), in the
 // manner of Caddy's encode package: they drive the sweeper and blocked
 // appends by hand after moving their clock, acknowledge positions
@@ -42,4 +44,41 @@ func EvictUnder(str Stream, seq uint64) {
 	s.mu.Lock()
 	s.log.evict(seq)
 	s.mu.Unlock()
+}
+
+// StreamBytes is what a stream holds against the bounds now.
+func StreamBytes(str Stream) int64 {
+	s := str.(*memStream)
+	s.sess.store.budget.mu.Lock()
+	defer s.sess.store.budget.mu.Unlock()
+	return s.bytes
+}
+
+// Accounting is what a stream's log holds (Size), what its chunks' memory
+// is (Held), and what the stream, its session and the store count.
+type Accounting struct{ Size, Held, Stream, Session, Store int64 }
+
+// AccountingOf reads the accounting of str, a stream of st.
+func AccountingOf(st *MemoryStore, str Stream) Accounting {
+	s := str.(*memStream)
+	s.mu.Lock()
+	a := Accounting{Size: s.log.size, Held: capacityOf(&s.log)}
+	s.mu.Unlock()
+	st.budget.mu.Lock()
+	a.Stream, a.Session, a.Store = s.bytes, s.sess.bytes, st.budget.total
+	st.budget.mu.Unlock()
+	return a
+}
+
+// ChunkMemory returns the memory of each of str's chunks, by its first
+// byte, and the log's floor.
+func ChunkMemory(str Stream) ([]*byte, uint64) {
+	s := str.(*memStream)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*byte, 0, len(s.log.chunks))
+	for _, c := range s.log.chunks {
+		out = append(out, unsafe.SliceData(c.buf))
+	}
+	return out, s.log.floor
 }

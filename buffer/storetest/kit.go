@@ -104,9 +104,9 @@ type Event struct {
 	Data []byte
 }
 
-// decode splits a batch back into events and checks its framing: each is
+// Decode splits a batch back into events and checks its framing: each is
 // "id: <epoch>-<num>-<seq>", its data line, a blank line, seqs First..Last.
-func decode(b buffer.Batch) ([]Event, error) {
+func Decode(b buffer.Batch) ([]Event, error) {
 	var out []Event
 	var all []byte
 	for _, d := range b.Data {
@@ -139,7 +139,7 @@ func decode(b buffer.Batch) ([]Event, error) {
 // Read reads one batch and decodes it, checking its framing.
 func Read(ctx context.Context, r buffer.Reader, maxBytes int) ([]Event, error) {
 	b, err := r.Read(ctx, nil, maxBytes, time.Hour)
-	evs, derr := decode(b)
+	evs, derr := Decode(b)
 	if derr != nil {
 		return evs, derr
 	}
