@@ -179,16 +179,16 @@ func (st *Store) connect() error {
 }
 
 // StartEmbedded starts a single-node JetStream server in this process,
-// storing in dir and listening on loopback only (on a random port), as
-// Options.Embedded does. Several stores (zones) may share it through
+// storing in dir, as Options.Embedded does. It listens on no port: stores
+// connect to it in-process, and nothing else can (it has no users to
+// authenticate, and holds every session's events and the zone's secret). Several stores (zones) may share it through
 // Options.Server; the caller shuts it down.
 func StartEmbedded(dir string, logs bool) (*server.Server, error) {
 	srv, err := server.NewServer(&server.Options{
 		ServerName: "mcp-resume-embedded",
 		JetStream:  true,
 		StoreDir:   dir,
-		Host:       "127.0.0.1", // loopback only
-		Port:       server.RANDOM_PORT,
+		DontListen: true,
 		MaxPayload: embeddedMaxPayload,
 		MaxPending: embeddedMaxPayload,
 		NoLog:      !logs,
@@ -351,15 +351,6 @@ func (st *Store) startMirrors(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// ClientURL is the embedded server's loopback URL ("" without one), for
-// other replicas in the same host (tests) to connect to.
-func (st *Store) ClientURL() string {
-	if st.srv == nil {
-		return ""
-	}
-	return st.srv.ClientURL()
 }
 
 // MaxPayload is the largest message the servers take: an event must fit
