@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -32,6 +33,11 @@ type StoreModule interface {
 	// Shared reports a store other processes see: on exit, a replica drains
 	// its upstream reads into it instead of cancelling them.
 	Shared() bool
+	// Identity names the store this configuration opens: a reload to a
+	// configuration of the same identity keeps the zone, its retention and
+	// its running calls. Options a reload applies in place are not part of
+	// it.
+	Identity() string
 }
 
 // StoreOptions is what every store gets from the handler.
@@ -69,6 +75,10 @@ func (MemoryStore) OpenStore(_ context.Context, zone string, o StoreOptions) (bu
 
 // Shared implements StoreModule.
 func (MemoryStore) Shared() bool { return false }
+
+// Identity implements StoreModule: `store memory` spelled out is the
+// default, not another store.
+func (MemoryStore) Identity() string { return "memory" }
 
 // UnmarshalCaddyfile implements caddyfile.Unmarshaler: `store memory`.
 func (MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -297,6 +307,14 @@ func (s *embeddedStore) Close() {
 
 // Shared implements StoreModule.
 func (NATSStore) Shared() bool { return true }
+
+// Identity implements StoreModule: the configuration without
+// drain_timeout, which a reload applies to the running zone.
+func (n NATSStore) Identity() string {
+	n.DrainTimeout = 0
+	b, _ := json.Marshal(n)
+	return "nats" + string(b)
+}
 
 func (n NATSStore) drainTimeout() time.Duration {
 	if n.DrainTimeout > 0 {

@@ -32,7 +32,7 @@ var zones = caddy.NewUsagePool()
 type zone struct {
 	name    string
 	backend StoreModule
-	drain   time.Duration // how long a stopping process drains into a shared store
+	drain   atomic.Int64 // how long a stopping process drains into a shared store (a reload may change it)
 
 	// store is set once, before ready closes. A shared store is opened when
 	// Caddy has started (never by `caddy validate`) and retried until it
@@ -60,14 +60,53 @@ type zone struct {
 	maxEventBytes atomic.Int64
 }
 
-// Destruct implements caddy.Destructor.
+// Destruct implements caddy.Destructor. It comes when no configuration
+// holds the zone any more: the process exits, Caddy stops, or a reload
+// moved the zone's handlers to another store. A shared store drains on exit
+// and on such a reload (in the background then: the new configuration
+// serves meanwhile, and what the old zone's calls read lands in the same
+// shared store).
 func (z *zone) Destruct() error {
+	if z.backend.Shared() {
+		switch {
+		case caddy.Exiting():
+			z.exiting()
+			// Caddy's shutdown waits for the requests it tracks only: a call
+			// whose client was cut is read on after its connection was
+			// taken from the server, so the drain is waited for here.
+			<-z.stopCtx.Done()
+		case z.succeeded():
+			z.startDrain("a reload moved the zone to another store")
+			go func() {
+				<-z.stopCtx.Done()
+				z.close()
+			}()
+			return nil
+		}
+	}
+	z.close()
+	return nil
+}
+
+// succeeded reports whether another zone of the same name is loaded: the
+// configuration that replaces this zone's.
+func (z *zone) succeeded() bool {
+	found := false
+	zones.Range(func(_, v any) bool {
+		if o := v.(*zone); o != z && o.name == z.name {
+			found = true
+		}
+		return !found
+	})
+	return found
+}
+
+// close ends the zone: its reads, then its store.
+func (z *zone) close() {
 	z.stop()
 	z.cancel()
 	// The taps end at once now, but they still write what they owe the store
-	// as they close (a standalone stream's upstream cursor, the last batch):
-	// Caddy's shutdown does not wait for them, since a cut client's
-	// connection was hijacked away from the server's tracking.
+	// as they close (a standalone stream's upstream cursor, the last batch).
 	tapsClosed := make(chan struct{})
 	go func() { z.taps.Wait(); close(tapsClosed) }()
 	select {
@@ -80,7 +119,6 @@ func (z *zone) Destruct() error {
 		z.store.Close()
 	default:
 	}
-	return nil
 }
 
 func zoneKey(name, storeKey string) string { return "mcp_resume/" + name + "/" + storeKey }
@@ -104,6 +142,7 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 		z.logger.Store(logger)
 		z.limits.Store(&l)
 		z.maxEventBytes.Store(maxEvent)
+		z.drain.Store(int64(drain))
 		select {
 		case <-z.ready:
 			z.store.SetLimits(l)
@@ -115,7 +154,8 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 
 // newZone makes a zone whose store is not open yet.
 func newZone(name string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64, logger *zap.Logger) *zone {
-	z := &zone{name: name, backend: backend, drain: drain, ready: make(chan struct{})}
+	z := &zone{name: name, backend: backend, ready: make(chan struct{})}
+	z.drain.Store(int64(drain))
 	z.ctx, z.cancel = context.WithCancel(context.Background())
 	z.stopCtx, z.stop = context.WithCancel(context.Background())
 	z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
@@ -223,19 +263,33 @@ func (z *zone) unavailable() error {
 // they end or drain_timeout passes, so results that arrive during a deploy
 // are there for the client on another replica.
 func (z *zone) exiting() {
-	z.exitOnce.Do(func() {
-		if !z.backend.Shared() {
+	if !z.backend.Shared() {
+		z.exitOnce.Do(func() {
 			z.stop()
-			z.store.Close()
-			return
-		}
+			select {
+			case <-z.ready:
+				z.store.Close()
+			default:
+			}
+		})
+		return
+	}
+	z.startDrain("the process is stopping")
+}
+
+// startDrain starts the drain of a shared store's zone, once: stopCtx ends
+// when it is over.
+func (z *zone) startDrain(why string) {
+	z.exitOnce.Do(func() {
 		z.draining.Store(true)
 		z.drained() // the next GET of a standalone stream goes to another replica
 		logger := z.logger.Load()
+		drain := time.Duration(z.drain.Load())
 		logger.Info("draining: running upstream reads go on into the shared store; new calls get 503",
-			zap.String("zone", z.name), zap.Int64("upstream_reads", z.reads.Load()), zap.Duration("drain_timeout", z.drain))
+			zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.reads.Load()),
+			zap.Duration("drain_timeout", drain))
 		go func() {
-			deadline := time.Now().Add(z.drain)
+			deadline := time.Now().Add(drain)
 			for z.reads.Load() > 0 && time.Now().Before(deadline) {
 				time.Sleep(50 * time.Millisecond)
 			}
