@@ -3,6 +3,7 @@ package natsstore
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -58,7 +59,9 @@ type Store struct {
 	held      heldLeases
 	sweeper   sweeperLease
 	admitting admissions
-	reading   sync.Map // *reader -> its iterator, while its consumer runs
+	reading   sync.Map              // *reader -> its iterator, while its consumer runs
+	probeErr  atomic.Pointer[error] // why the last health probe failed; nil while it answers
+	probeKey  string                // this replica's key for the health probe
 	bg        struct {
 		mu     sync.Mutex
 		closed bool
@@ -117,9 +120,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := st.startMirrors(ctx); err != nil {
 		return nil, err
 	}
-	st.wg.Add(2)
+	pk := make([]byte, 8)
+	rand.Read(pk)
+	st.probeKey = hex.EncodeToString(pk)
+	st.wg.Add(3)
 	go st.renewLoop()
 	go st.sweepLoop()
+	go st.healthLoop()
 	ok = true
 	return st, nil
 }
@@ -181,8 +188,9 @@ func (st *Store) connect() error {
 // StartEmbedded starts a single-node JetStream server in this process,
 // storing in dir, as Options.Embedded does. It listens on no port: stores
 // connect to it in-process, and nothing else can (it has no users to
-// authenticate, and holds every session's events and the zone's secret). Several stores (zones) may share it through
-// Options.Server; the caller shuts it down.
+// authenticate, and holds every session's events and the zone's secret).
+// Several stores (zones) may share it through Options.Server; the caller
+// shuts it down.
 func StartEmbedded(dir string, logs bool) (*server.Server, error) {
 	srv, err := server.NewServer(&server.Options{
 		ServerName: "mcp-resume-embedded",
