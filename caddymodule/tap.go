@@ -206,6 +206,9 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		if err := t.flush(); err != nil { // what came before it goes in
 			return err
 		}
+		// The stream fails with this event reported lost, so the cursor
+		// moves past it: asked for again, it would fail every later GET.
+		t.took(upstreamID{ev.ID, ev.HasID})
 		return errTooLarge
 	}
 	t.batch = append(t.batch, buffer.Entry{Fields: fields, Answers: t.answers(ev.Data)})
