@@ -132,7 +132,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		}
 		backend = mod.(StoreModule)
 	}
-	h.storeKey = backend.Identity() // another store is another zone
+	h.storeKey = backend.Identity(h.Zone) // another store is another zone
 	drain := DefaultDrainTimeout
 	if n, ok := backend.(*NATSStore); ok {
 		drain = n.drainTimeout()
@@ -157,6 +157,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		_ = events.On("stopping", eventHandler(func() {
 			if caddy.Exiting() {
 				z.exiting()
+				boundDrainsLeftByReload()
 			}
 		}))
 	}

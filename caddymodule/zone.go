@@ -40,20 +40,22 @@ type zone struct {
 	store    buffer.Store
 	ready    chan struct{}
 	openOnce sync.Once
+	openMu   sync.Mutex      // a store that opens as the zone closes is closed, not leaked
 	ctx      context.Context // ends when the zone is destructed
 	cancel   context.CancelFunc
 
 	// stopCtx ends when this process stops serving the zone: detached
 	// upstream reads and relays end with it. On exit it ends at once for
 	// the memory store, and after the drain for a shared one.
-	stopCtx  context.Context
-	stop     context.CancelFunc
-	exitOnce sync.Once
-	draining atomic.Bool     // no new calls: the process is stopping
-	drainCtx context.Context // ends when the drain starts: standalone reads, which never end by themselves, end with it
-	drained  context.CancelFunc
-	reads    atomic.Int64   // calls whose upstream response is being read
-	taps     sync.WaitGroup // every upstream tap, until it has closed
+	stopCtx    context.Context
+	stop       context.CancelFunc
+	exitOnce   sync.Once
+	draining   atomic.Bool     // no new calls: the process is stopping
+	drainUntil atomic.Int64    // when the drain gives up on running calls (unix ns); 0: when they end
+	drainCtx   context.Context // ends when the drain starts: standalone reads, which never end by themselves, end with it
+	drained    context.CancelFunc
+	reads      atomic.Int64   // calls whose upstream response is being read
+	taps       sync.WaitGroup // every upstream tap, until it has closed
 
 	logger        atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
 	limits        atomic.Pointer[buffer.Limits]
@@ -76,16 +78,60 @@ func (z *zone) Destruct() error {
 			// taken from the server, so the drain is waited for here.
 			<-z.stopCtx.Done()
 		case z.succeeded():
-			z.startDrain("a reload moved the zone to another store")
-			go func() {
-				<-z.stopCtx.Done()
-				z.close()
-			}()
+			z.drainAfterReload()
 			return nil
 		}
 	}
 	z.close()
 	return nil
+}
+
+// leftByReload are the zones draining after a reload moved their handlers
+// to another store. No configuration holds them, so an exit waits for them
+// here, each bounded by its drain_timeout from the exit on.
+var leftByReload struct {
+	sync.Mutex
+	zones  map[*zone]struct{}
+	closed sync.WaitGroup
+	hook   sync.Once
+}
+
+// drainAfterReload drains the zone in the background, with no bound while
+// the process runs (every call ends by itself: its upstream answers, stalls
+// or its session goes), then closes it.
+func (z *zone) drainAfterReload() {
+	leftByReload.Lock()
+	if leftByReload.zones == nil {
+		leftByReload.zones = map[*zone]struct{}{}
+	}
+	leftByReload.zones[z] = struct{}{}
+	leftByReload.closed.Add(1)
+	leftByReload.Unlock()
+	leftByReload.hook.Do(func() {
+		caddy.OnExit(func(context.Context) {
+			boundDrainsLeftByReload()
+			leftByReload.closed.Wait()
+		})
+	})
+	z.startDrain("a reload moved the zone to another store", false)
+	go func() {
+		defer leftByReload.closed.Done()
+		<-z.stopCtx.Done()
+		z.close()
+		leftByReload.Lock()
+		delete(leftByReload.zones, z)
+		leftByReload.Unlock()
+	}()
+}
+
+// boundDrainsLeftByReload gives the zones a reload left drain_timeout from
+// now: the process is exiting.
+func boundDrainsLeftByReload() {
+	leftByReload.Lock()
+	defer leftByReload.Unlock()
+	for z := range leftByReload.zones {
+		z.drainUntil.CompareAndSwap(0, time.Now().Add(time.Duration(z.drain.Load())).UnixNano())
+	}
 }
 
 // succeeded reports whether another zone of the same name is loaded: the
@@ -114,10 +160,12 @@ func (z *zone) close() {
 	case <-time.After(10 * time.Second):
 		z.logger.Load().Warn("upstream taps still closing after 10s; closing the store anyway", zap.String("zone", z.name))
 	}
+	z.openMu.Lock()
+	defer z.openMu.Unlock()
 	select {
 	case <-z.ready:
 		z.store.Close()
-	default:
+	default: // connect sees the zone's context end, and closes what it opened
 	}
 }
 
@@ -189,9 +237,16 @@ func (z *zone) connect() {
 		st, err := z.backend.OpenStore(ctx, z.name, z.storeOptions())
 		cancel()
 		if err == nil {
+			z.openMu.Lock()
+			if z.ctx.Err() != nil { // the zone closed while the store opened
+				z.openMu.Unlock()
+				st.Close()
+				return
+			}
 			st.SetLimits(*z.limits.Load()) // a reload may have come meanwhile
 			z.store = st
 			close(z.ready)
+			z.openMu.Unlock()
 			z.logger.Load().Info("shared store connected", zap.String("zone", z.name))
 			return
 		}
@@ -274,23 +329,28 @@ func (z *zone) exiting() {
 		})
 		return
 	}
-	z.startDrain("the process is stopping")
+	z.startDrain("the process is stopping", true)
 }
 
 // startDrain starts the drain of a shared store's zone, once: stopCtx ends
-// when it is over.
-func (z *zone) startDrain(why string) {
+// when it is over. A bounded drain gives up on running calls after
+// drain_timeout.
+func (z *zone) startDrain(why string, bounded bool) {
+	if bounded {
+		z.drainUntil.CompareAndSwap(0, time.Now().Add(time.Duration(z.drain.Load())).UnixNano())
+	}
 	z.exitOnce.Do(func() {
 		z.draining.Store(true)
 		z.drained() // the next GET of a standalone stream goes to another replica
 		logger := z.logger.Load()
-		drain := time.Duration(z.drain.Load())
 		logger.Info("draining: running upstream reads go on into the shared store; new calls get 503",
 			zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.reads.Load()),
-			zap.Duration("drain_timeout", drain))
+			zap.Duration("drain_timeout", time.Duration(z.drain.Load())), zap.Bool("bounded", bounded))
 		go func() {
-			deadline := time.Now().Add(drain)
-			for z.reads.Load() > 0 && time.Now().Before(deadline) {
+			for z.reads.Load() > 0 {
+				if until := z.drainUntil.Load(); until != 0 && time.Now().UnixNano() >= until {
+					break
+				}
 				time.Sleep(50 * time.Millisecond)
 			}
 			if n := z.reads.Load(); n > 0 {
