@@ -29,13 +29,16 @@ func (st *Store) Available() error {
 
 const (
 	probeEvery   = time.Second      // how often the probe writes
-	probeTimeout = 2 * time.Second  // how long its ack may take before the store counts as unavailable
-	probeTTL     = 30 * time.Second // how long a probe key outlives its replica
+	probeTimeout = 2 * time.Second  // how long its acks may take before the store counts as unavailable
+	probeTTL     = 30 * time.Second // how long a META probe key outlives its replica
+	probePrefix  = "_probe."        // the probe's keys, which mirrors skip
 )
 
-// healthLoop writes a key of this replica's to the zone's META bucket
-// every second. JetStream acknowledges a write only once a quorum of the
-// bucket's replicas stored it, as it does the events (a stream's info, by
+// healthLoop writes, every second, what a call needs to be able to write:
+// a probe key of this replica's to every bucket, and a message to the
+// events stream (deleted at once). JetStream acknowledges a write only once
+// a quorum of that stream's replicas stored it, and it places each stream
+// and bucket on peers of its own, so each is probed (a stream's info, by
 // contrast, is answered by a leader that has not yet noticed it lost its
 // quorum).
 func (st *Store) healthLoop() {
@@ -48,12 +51,13 @@ func (st *Store) healthLoop() {
 			return
 		case <-t.C:
 		}
+		if st.closing.Load() {
+			return // its keys are being dropped
+		}
 		if !st.nc.IsConnected() {
 			continue // Available says so already; the probe would only time out
 		}
-		ctx, cancel := context.WithTimeout(st.ctx, probeTimeout)
-		_, err := st.js.Publish(ctx, "$KV."+st.names.meta+".probe."+st.probeKey, nil, jetstream.WithMsgTTL(probeTTL))
-		cancel()
+		err := st.probe()
 		switch {
 		case st.ctx.Err() != nil:
 			return
@@ -64,6 +68,59 @@ func (st *Store) healthLoop() {
 			}
 		default:
 			st.probeErr.Store(nil)
+		}
+	}
+}
+
+// probe writes to every stream of the zone at once, and returns the first
+// refusal.
+func (st *Store) probe() error {
+	ctx, cancel := context.WithTimeout(st.ctx, probeTimeout)
+	defer cancel()
+	n := st.names
+	key := probePrefix + st.probeKey
+	errs := make(chan error, 6)
+	put := func(bucket string, opts ...jetstream.PublishOpt) {
+		_, err := st.js.Publish(ctx, "$KV."+bucket+"."+key, nil, opts...)
+		if err != nil {
+			err = fmt.Errorf("bucket %s: %w", bucket, err)
+		}
+		errs <- err
+	}
+	go put(n.meta, jetstream.WithMsgTTL(probeTTL))
+	go put(n.sessions)
+	go put(n.streams)
+	go put(n.tombs)
+	go put(n.leases, jetstream.WithMsgTTL(probeTTL))
+	go func() {
+		ack, err := st.js.Publish(ctx, n.evPrefix+key, nil)
+		if err == nil {
+			err = st.events.DeleteMsg(ctx, ack.Sequence)
+		}
+		if err != nil {
+			err = fmt.Errorf("stream %s: %w", n.events, err)
+		}
+		errs <- err
+	}()
+	var first error
+	for range 6 {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// dropProbeKeys deletes this replica's probe keys from the buckets whose
+// keys do not expire by themselves.
+func (st *Store) dropProbeKeys(ctx context.Context) {
+	for _, b := range []string{st.names.sessions, st.names.streams, st.names.tombs} {
+		str, err := st.js.Stream(ctx, "KV_"+b)
+		if err == nil {
+			err = str.Purge(ctx, jetstream.WithPurgeSubject("$KV."+b+"."+probePrefix+st.probeKey))
+		}
+		if err != nil {
+			st.fault("probe", err)
 		}
 	}
 }

@@ -356,6 +356,9 @@ func (st *Store) close() {
 	}
 	st.held.releaseAll(st)
 	st.sweeper.release(st)
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	st.dropProbeKeys(ctx)
+	cancel()
 	st.shutdown()
 }
 
