@@ -52,7 +52,11 @@ type upstreamTap struct {
 	// The upstream's own cursor on this stream, never shown to clients.
 	lastID string
 	retry  time.Duration
-	recent []string // the last upstream IDs taken, oldest first
+	recent []taken // the last upstream IDs taken, oldest first
+	// startID is the cursor the tap started from; lastSeq the last event
+	// it appended.
+	startID string
+	lastSeq uint64
 
 	parser sse.Parser
 	// The events of one upstream write, appended together when it has been
@@ -89,7 +93,7 @@ func (t *upstreamTap) tie(sess buffer.Session) {
 // standalone stream (its client reconnects, which opens a new upstream GET).
 func (t *upstreamTap) close() {
 	if t.stream != nil {
-		t.stream.SetUpstreamCursor(t.lastID) // before the role goes: the next producer resumes from it
+		t.stream.SetUpstreamCursor(t.storedCursor()) // before the role goes: the next producer resumes from it
 		t.stream.ReleaseProducer()
 	}
 	if t.relayDone != nil {
@@ -182,7 +186,7 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		if err := t.flush(); err != nil {
 			return err
 		}
-		t.took(upstreamID{ev.ID, ev.HasID})
+		t.took(upstreamID{ev.ID, ev.HasID}, t.lastSeq)
 		return nil
 	}
 	// Stored without the upstream's id and retry (the proxy follows the
@@ -208,7 +212,7 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		}
 		// The stream fails with this event reported lost, so the cursor
 		// moves past it: asked for again, it would fail every later GET.
-		t.took(upstreamID{ev.ID, ev.HasID})
+		t.took(upstreamID{ev.ID, ev.HasID}, t.lastSeq)
 		return errTooLarge
 	}
 	t.batch = append(t.batch, buffer.Entry{Fields: fields, Answers: t.answers(ev.Data)})
@@ -253,8 +257,8 @@ func (t *upstreamTap) flush() error {
 				zap.Uint64("seq", seq), zap.Int("bytes", len(e.Fields)), zap.Strings("answers", e.Answers), zap.Error(ierr))
 		}
 	}
-	for _, id := range t.batchIDs[:n] {
-		t.took(id)
+	for i, id := range t.batchIDs[:n] {
+		t.took(id, last-uint64(n-1-i))
 	}
 	for _, e := range t.batch[n:] {
 		t.pending = append(t.pending, e.Answers...)
@@ -270,11 +274,13 @@ func (t *upstreamTap) flush() error {
 	return err
 }
 
-// took records that the stream has an upstream event: its ID becomes the cursor
-// the next upstream request resumes from. Only then: an event whose append
-// failed (a drain or a session end cut it short) must be asked for again.
-func (t *upstreamTap) took(id upstreamID) {
+// took records that the stream has an upstream event, up to seq: its ID
+// becomes the cursor the next upstream request resumes from. Only then: an
+// event whose append failed (a drain or a session end cut it short) must
+// be asked for again.
+func (t *upstreamTap) took(id upstreamID, seq uint64) {
 	t.progress = true
+	t.lastSeq = max(t.lastSeq, seq)
 	if !id.has {
 		return
 	}
@@ -282,7 +288,7 @@ func (t *upstreamTap) took(id upstreamID) {
 	if len(t.recent) == recentUpstream {
 		t.recent = append(t.recent[:0], t.recent[1:]...)
 	}
-	t.recent = append(t.recent, id.id)
+	t.recent = append(t.recent, taken{id.id, seq})
 }
 
 // upstreamID is an upstream event's id field, if it had one.
@@ -291,10 +297,16 @@ type upstreamID struct {
 	has bool
 }
 
+// taken is an upstream event ID the stream has, up to its seq.
+type taken struct {
+	id  string
+	seq uint64
+}
+
 // seenID reports whether the stream has the upstream's event id already.
 func (t *upstreamTap) seenID(id string) bool {
 	for _, s := range t.recent {
-		if s == id {
+		if s.id == id {
 			return true
 		}
 	}
@@ -304,6 +316,27 @@ func (t *upstreamTap) seenID(id string) bool {
 		}
 	}
 	return false
+}
+
+// storedCursor is the upstream cursor of the last event the store holds for
+// good. A shared store takes appends before JetStream stored them: if some
+// never are (NATS refused them until the process stopped), the next
+// producer must ask the upstream for them again, not resume after them.
+func (t *upstreamTap) storedCursor() string {
+	d, ok := t.stream.(interface{ WaitStored() uint64 })
+	if !ok || t.stream.Num() != policy.StandaloneNum {
+		return t.lastID // a request stream is never resumed upstream by another producer
+	}
+	stored := d.WaitStored()
+	if stored >= t.lastSeq {
+		return t.lastID
+	}
+	for i := len(t.recent) - 1; i >= 0; i-- {
+		if t.recent[i].seq <= stored {
+			return t.recent[i].id
+		}
+	}
+	return t.startID
 }
 
 // answers returns the pending request ids that data answers, and forgets
