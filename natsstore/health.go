@@ -28,10 +28,11 @@ func (st *Store) Available() error {
 }
 
 const (
-	probeEvery   = time.Second      // how often the probe writes
-	probeTimeout = 2 * time.Second  // how long its acks may take before the store counts as unavailable
-	probeTTL     = 30 * time.Second // how long a META probe key outlives its replica
-	probePrefix  = "_probe."        // the probe's keys, which mirrors skip
+	probeEvery    = time.Second      // how often the probe writes
+	probeTimeout  = 2 * time.Second  // how long its acks may take before the store counts as unavailable
+	probeTTL      = 30 * time.Second // how long a META probe key outlives its replica
+	probePrefix   = "_probe."        // the probe's keys, which mirrors skip
+	probeFailures = 2                // probes failed in a row that make the store unavailable
 )
 
 // healthLoop writes, every second, what a call needs to be able to write:
@@ -45,6 +46,7 @@ func (st *Store) healthLoop() {
 	defer st.wg.Done()
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
+	failed := 0
 	for {
 		select {
 		case <-st.ctx.Done():
@@ -61,13 +63,18 @@ func (st *Store) healthLoop() {
 		switch {
 		case st.ctx.Err() != nil:
 			return
-		case err != nil:
+		case err == nil:
+			failed = 0
+			st.probeErr.Store(nil)
+		default:
+			// One slow ack is load, not a lost quorum.
+			if failed++; failed < probeFailures {
+				continue
+			}
 			err = fmt.Errorf("natsstore: JetStream does not store writes (no quorum?): %w", err)
 			if st.probeErr.Swap(&err) == nil {
 				st.fault("probe", err)
 			}
-		default:
-			st.probeErr.Store(nil)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
@@ -142,10 +143,23 @@ func TestSoakDisconnectResume(t *testing.T) {
 	wg.Wait()
 
 	var calls, events, lost, dup, cuts, resets, pauses, resumes int
-	infos, err := c.Sessions()
-	if err != nil {
-		t.Fatal(err)
-	}
+	// A shared store records a stream's end once its last batch is stored,
+	// a moment after the client read it: wait for every stream to say so.
+	var infos []buffer.SessionInfo
+	harness.WaitFor(t, 10*time.Second, "every call's stream to be complete", func() bool {
+		var err error
+		if infos, err = c.Sessions(); err != nil {
+			return false
+		}
+		for _, se := range infos {
+			for _, s := range se.Streams {
+				if s.Kind == "request" && s.State == "live" {
+					return false
+				}
+			}
+		}
+		return true
+	})
 	heads := map[string]map[uint32]uint64{}
 	states := map[string]map[uint32]string{}
 	for _, se := range infos {
