@@ -1,4 +1,4 @@
-package buffer
+package buffer_test
 
 import (
 	"context"
@@ -7,12 +7,27 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/buffer/storetest"
 )
 
 var benchSizes = []struct {
 	name string
 	size int
 }{{"100B", 100}, {"1KiB", 1 << 10}, {"16KiB", 16 << 10}}
+
+// benchStream is a fresh stream of a store whose bounds hold a replay's
+// history, and an event of size payload bytes to append to it.
+func benchStream(b *testing.B, size int) (buffer.Stream, []byte) {
+	lim := storetest.BigLimits()
+	lim.MaxStreamBytes, lim.MaxSessionBytes, lim.MaxTotalBytes = 1<<30, 1<<30, 1<<32
+	st := buffer.NewMemoryStore(buffer.Options{Limits: lim, SweepInterval: time.Hour})
+	b.Cleanup(st.Close)
+	s, _ := st.CreateSession("bench", buffer.SessionMeta{})
+	str, _ := s.NewStream([]string{"1"}, [32]byte{})
+	return str, storetest.Fields(make([]byte, size))
+}
 
 // perEvent reports, besides testing's per-op figures (which round
 // allocations down to a whole number), the allocations and bytes allocated
@@ -54,21 +69,21 @@ func (p *perEvent) stop(events int) {
 func BenchmarkAppend(b *testing.B) {
 	for _, sz := range benchSizes {
 		b.Run(sz.name, func(b *testing.B) {
-			lim := bigLimits()
+			lim := storetest.BigLimits()
 			lim.ResumeWindow = time.Millisecond
 			var clock atomic.Int64
 			clock.Store(time.Now().UnixNano())
 			now := func() time.Time { return time.Unix(0, clock.Load()) }
-			st := NewMemoryStore(Options{Limits: lim, SweepInterval: time.Hour, Now: now})
+			st := buffer.NewMemoryStore(buffer.Options{Limits: lim, SweepInterval: time.Hour, Now: now})
 			defer st.Close()
-			s, _ := st.CreateSession("bench", SessionMeta{})
+			s, _ := st.CreateSession("bench", buffer.SessionMeta{})
 			str, _ := s.NewStream([]string{"1"}, [32]byte{})
 			r, err := str.Attach(1)
 			if err != nil {
 				b.Fatal(err)
 			}
 			defer r.Close()
-			data := fields(make([]byte, sz.size))
+			data := storetest.Fields(make([]byte, sz.size))
 			ctx := context.Background()
 			dst := make([][]byte, 0, 16)
 			appendOne := func(consume bool) {
@@ -104,11 +119,7 @@ func BenchmarkReplay(b *testing.B) {
 	const retained = 4096
 	for _, sz := range benchSizes {
 		b.Run(sz.name, func(b *testing.B) {
-			st := NewMemoryStore(Options{Limits: bigLimits(), SweepInterval: time.Hour})
-			defer st.Close()
-			s, _ := st.CreateSession("bench", SessionMeta{})
-			str, _ := s.NewStream([]string{"1"}, [32]byte{})
-			data := fields(make([]byte, sz.size))
+			str, data := benchStream(b, sz.size)
 			for i := 0; i < retained; i++ {
 				if _, err := str.Append(context.Background(), data, nil); err != nil {
 					b.Fatal(err)

@@ -1,4 +1,4 @@
-package buffer
+package buffer_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/buffer/storetest"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
@@ -54,7 +56,7 @@ func expectedSuffix(name string, from, head uint64) [32]byte {
 	})
 }
 
-func deliveredDigest(evs []event) [32]byte {
+func deliveredDigest(evs []storetest.Event) [32]byte {
 	return digestOf(func(yield func(uint64, []byte) bool) {
 		for _, e := range evs {
 			if !yield(e.Seq, e.Data) {
@@ -78,24 +80,24 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 	)
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
-	lim := bigLimits()
+	lim := storetest.BigLimits()
 	lim.MaxStreamBytes = 64 << 10 // roomy: this test is about ordering, not bounds
-	st, _ := newStore(t, lim)
+	st, _ := newStore(t, buffer.Options{Limits: lim})
 
 	type target struct {
 		name string
-		str  Stream
+		str  buffer.Stream
 	}
 	var targets []target
 	for i := 0; i < sessions; i++ {
-		s := mustSession(t, st, fmt.Sprintf("s%d", i))
+		s := storetest.MustSession(t, st, fmt.Sprintf("s%d", i))
 		for j := 0; j < perSession; j++ {
-			var str Stream
+			var str buffer.Stream
 			if j == 0 {
 				str = s.Standalone()
 				str.ClaimProducer() // an upstream GET feeds it, so caught-up readers wait
 			} else {
-				str = mustStream(t, s)
+				str = storetest.MustStream(t, s)
 			}
 			targets = append(targets, target{fmt.Sprintf("s%d/%d", i, str.Num()), str})
 		}
@@ -131,7 +133,7 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 	type reading struct {
 		stream int
 		from   uint64
-		got    []event
+		got    []storetest.Event
 	}
 	var readings []reading
 	var liveAttaches atomic.Int64
@@ -149,7 +151,7 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 				defer producers.Done()
 				for i := 0; i < events/3; i++ {
 					data := []byte(fmt.Sprintf("%s/a%d/%d/%s", tg.name, a, i, make([]byte, (i*7+a)%97)))
-					seq, err := tg.str.Append(context.Background(), fields(data), nil)
+					seq, err := tg.str.Append(context.Background(), storetest.Fields(data), nil)
 					if err != nil || seq == 0 || seq > events {
 						fail("%s: Append = %d, %v", tg.name, seq, err)
 						return
@@ -194,12 +196,12 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 						fail("%s: Attach(%d): %v", tg.name, from, err)
 						return
 					}
-					var got []event
+					var got []storetest.Event
 					maxBytes := 1 + rng.IntN(16*200)
 					want := rng.IntN(events)
 					var rerr error
 					for len(got) < want {
-						evs, err := read(context.Background(), r, maxBytes)
+						evs, err := storetest.Read(context.Background(), r, maxBytes)
 						got = append(got, evs...) // Data stays valid: events are immutable
 						if len(evs) > 0 && rng.IntN(4) == 0 {
 							r.Delivered(evs[len(evs)-1].Seq)
@@ -209,10 +211,10 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 							break
 						}
 					}
-					if rerr != nil && rerr != io.EOF && !errors.Is(rerr, ErrTakenOver) && !errors.Is(rerr, ErrProducerGone) {
+					if rerr != nil && rerr != io.EOF && !errors.Is(rerr, buffer.ErrTakenOver) && !errors.Is(rerr, buffer.ErrProducerGone) {
 						fail("%s: Read: %v", tg.name, rerr)
 					}
-					if (rerr == io.EOF || errors.Is(rerr, ErrProducerGone)) && (len(got) == 0 && from != events+1 || len(got) > 0 && got[len(got)-1].Seq != events) {
+					if (rerr == io.EOF || errors.Is(rerr, buffer.ErrProducerGone)) && (len(got) == 0 && from != events+1 || len(got) > 0 && got[len(got)-1].Seq != events) {
 						fail("%s: EOF before the last event", tg.name)
 					}
 					rmu.Lock()
@@ -274,8 +276,8 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: Attach(%d): %v", tg.name, from, err)
 			}
-			evs, err := readAll(t, r)
-			if err != io.EOF && !errors.Is(err, ErrProducerGone) {
+			evs, err := storetest.ReadAll(t, r)
+			if err != io.EOF && !errors.Is(err, buffer.ErrProducerGone) {
 				t.Fatalf("%s from %d: %v", tg.name, from, err)
 			}
 			if got, want := deliveredDigest(evs), expect(ti, from, events); got != want || len(evs) != int(events+1-from) {
@@ -300,26 +302,26 @@ func TestConcurrentBackpressure(t *testing.T) {
 		streams = 8
 		events  = 200
 	)
-	lim := bigLimits()
+	lim := storetest.BigLimits()
 	lim.MaxStreamBytes = 8 * 200
 	lim.MaxSessionBytes = 20 * 200
 	lim.MaxTotalBytes = 40 * 200
-	st, _ := newStore(t, lim)
+	st, _ := newStore(t, buffer.Options{Limits: lim})
 	var wg sync.WaitGroup
 	errs := make(chan error, streams*2)
 	for i := 0; i < streams; i++ {
 		id := fmt.Sprintf("s%d", i%3) // several streams share a session
 		s, ok := st.Session(id)
 		if !ok {
-			s = mustSession(t, st, id)
+			s = storetest.MustSession(t, st, id)
 		}
-		str := mustStream(t, s)
+		str := storetest.MustStream(t, s)
 		name := fmt.Sprintf("bp%d", i)
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			for q := uint64(1); q <= events; q++ {
-				seq, err := str.Append(context.Background(), fields(streamPayload(name, q)), nil)
+				seq, err := str.Append(context.Background(), storetest.Fields(streamPayload(name, q)), nil)
 				if err != nil || seq != q {
 					errs <- fmt.Errorf("%s: Append = %d, %v", name, seq, err)
 					return
@@ -334,12 +336,12 @@ func TestConcurrentBackpressure(t *testing.T) {
 				errs <- err
 				return
 			}
-			var got []event
+			var got []storetest.Event
 			for {
-				evs, err := read(context.Background(), r, 5*200)
+				evs, err := storetest.Read(context.Background(), r, 5*200)
 				got = append(got, evs...)
 				if len(evs) > 0 {
-					ack(str, evs[len(evs)-1].Seq) // the client confirms as it goes
+					buffer.Ack(str, evs[len(evs)-1].Seq) // the client confirms as it goes
 				}
 				if err == io.EOF {
 					break

@@ -4,17 +4,35 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
+
+// logEvent is the fields of event seq in a test log: size payload bytes,
+// unlike its neighbours'.
+func logEvent(seq uint64, size int) []byte {
+	return fmt.Appendf(nil, "data: %s\n", bytes.Repeat([]byte{'a' + byte(seq%26)}, size))
+}
+
+// frames is events from..to of a test log of size-byte payloads as the log
+// frames them.
+func frames(from, to uint64, size int) string {
+	var b strings.Builder
+	for seq := from; seq <= to; seq++ {
+		fmt.Fprintf(&b, "id: abcdefgh-7-%d\n%s\n", seq, logEvent(seq, size))
+	}
+	return b.String()
+}
 
 func logOf(t *testing.T, n, size int) *eventLog {
 	t.Helper()
 	l := new(eventLog)
 	*l = newEventLog("abcdefgh", 7, 64<<10)
 	for i := 1; i <= n; i++ {
-		f := fields(payload(uint64(i), size))
+		f := logEvent(uint64(i), size)
 		before := l.size
 		grow := l.growth(l.framedLen(len(f)), false)
 		if seq := l.append(f, false); seq != uint64(i) {
@@ -54,8 +72,7 @@ func TestLogSizeIsItsCapacity(t *testing.T) {
 		for seq := uint64(1); seq <= l.head; seq += 97 {
 			c := l.chunks[l.chunkOf(seq)]
 			s, e := c.span(seq)
-			want := fmt.Sprintf("id: abcdefgh-7-%d\ndata: %s\n\n", seq, payload(seq, size))
-			if string(c.buf[s:e]) != want {
+			if string(c.buf[s:e]) != frames(seq, seq, size) {
 				t.Fatalf("size %d: event %d framed as %q", size, seq, c.buf[s:e])
 			}
 		}
@@ -64,7 +81,7 @@ func TestLogSizeIsItsCapacity(t *testing.T) {
 
 func TestLogRead(t *testing.T) {
 	l := logOf(t, 500, 100)
-	one := len(fmt.Sprintf("id: abcdefgh-7-%d\ndata: %s\n\n", 100, payload(1, 100)))
+	one := len(frames(100, 100, 100))
 	for _, tc := range []struct {
 		from, to  uint64
 		maxBytes  int
@@ -82,11 +99,9 @@ func TestLogRead(t *testing.T) {
 		if last != tc.wantLast || tc.wantBytes >= 0 && len(all) != tc.wantBytes {
 			t.Fatalf("read(%d, %d, %d) = last %d, %d bytes", tc.from, tc.to, tc.maxBytes, last, len(all))
 		}
-		evs, err := decode(Batch{First: tc.from, Last: last, Data: data})
-		if err != nil || len(evs) != int(last-tc.from+1) {
-			t.Fatalf("read(%d, %d): %v, %d events", tc.from, tc.to, err, len(evs))
+		if string(all) != frames(tc.from, last, 100) {
+			t.Fatalf("read(%d, %d) gave %q", tc.from, tc.to, all)
 		}
-		checkSeqs(t, evs, tc.from, 100)
 	}
 }
 
@@ -104,21 +119,19 @@ func TestLogEvict(t *testing.T) {
 		t.Fatalf("first chunk %d..%d does not hold the floor", c.first, c.last())
 	}
 	data, last := l.read(nil, 601, 1000, 1<<30)
-	evs, _ := decode(Batch{First: 601, Last: last, Data: data})
-	checkSeqs(t, evs, 601, 100)
-	var live int64
-	for _, e := range evs {
-		live += int64(len(fmt.Sprintf("id: abcdefgh-7-%d\ndata: %s\n\n", e.Seq, e.Data)))
+	held := frames(601, last, 100)
+	if all := bytes.Join(data, nil); string(all) != held {
+		t.Fatalf("read after evict(600) gave %d..%d: %q", 601, last, all)
 	}
-	if l.live != live {
-		t.Fatalf("live %d, events hold %d", l.live, live)
+	if l.live != int64(len(held)) {
+		t.Fatalf("live %d, events hold %d", l.live, len(held))
 	}
 	// Evicting everything gives every chunk back, the last one too.
 	l.evict(1000)
 	if l.size != 0 || len(l.chunks) != 0 || l.live != 0 || l.floor != 1001 {
 		t.Fatalf("after evicting all: size %d chunks %d live %d floor %d", l.size, len(l.chunks), l.live, l.floor)
 	}
-	l.append(fields([]byte("x")), false)
+	l.append([]byte("data: x\n"), false)
 	if l.head != 1001 || l.floor != 1001 {
 		t.Fatalf("append after emptying: head %d floor %d", l.head, l.floor)
 	}
@@ -166,9 +179,15 @@ func TestRetainedBytesTrackTheHeap(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short: allocates ~100 MB")
 	}
-	st := NewMemoryStore(Options{Limits: bigLimits(), SweepInterval: time.Hour})
+	st := NewMemoryStore(Options{SweepInterval: time.Hour, Limits: Limits{
+		MaxStreamBytes: 1 << 30, MaxSessionBytes: 1 << 30, MaxTotalBytes: 1 << 32, MaxSessions: 1, MaxStreamsPerSession: 5,
+		ResumeWindow: time.Minute, StallTimeout: time.Hour,
+	}})
 	defer st.Close()
-	s := mustSession(t, st, "cycle")
+	s, err := st.CreateSession("cycle", SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	heap := func() int64 {
 		runtime.GC()
 		runtime.GC()
@@ -178,15 +197,18 @@ func TestRetainedBytesTrackTheHeap(t *testing.T) {
 	}
 	base := heap()
 	var streams []Stream
-	f := fields(make([]byte, 20))
+	f := logEvent(1, 20)
 	for cycle := 0; cycle < 5; cycle++ {
-		str := mustStream(t, s)
+		str, err := s.NewStream([]string{"1"}, [32]byte{byte(cycle)})
+		if err != nil {
+			t.Fatal(err)
+		}
 		for i := 0; i < 150000; i++ {
 			if _, err := str.Append(context.Background(), f, nil); err != nil {
 				t.Fatal(err)
 			}
 		}
-		ack(str, 150000-1)
+		Ack(str, 150000-1)
 		streams = append(streams, str)
 	}
 	retained := st.Stats().RetainedBytes
@@ -203,4 +225,38 @@ func TestRetainedBytesTrackTheHeap(t *testing.T) {
 		t.Fatalf("heap grew %d bytes, retained_bytes says %d: evicted events still hold memory", grown, retained)
 	}
 	runtime.KeepAlive(streams)
+}
+
+// The recycler asks policy about a chunk's last event only: evictability
+// falls with seq, so that answer must be the whole prefix's. Checked
+// against the event-by-event walk over random acks, deliveries and
+// reader positions.
+func TestEvictableThroughAgreesWithTheWalk(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	base := time.Unix(1_000_000, 0)
+	for trial := 0; trial < 2000; trial++ {
+		l := newEventLog("abcdefgh", 1, 64<<10)
+		n := 1 + r.IntN(50)
+		for i := 0; i < n; i++ {
+			l.append([]byte("data: x\n"), false)
+		}
+		at := base
+		for seq := uint64(0); seq < l.head; {
+			seq += uint64(1 + r.IntN(5))
+			at = at.Add(time.Duration(r.IntN(3)) * time.Millisecond)
+			l.delivered(min(seq, l.head), at.UnixNano(), time.Millisecond)
+		}
+		if r.IntN(3) == 0 {
+			l.undeliver(uint64(r.IntN(n)))
+		}
+		acked, readerNext := uint64(r.IntN(n+1)), uint64(r.IntN(n+2))
+		now, window := base.Add(time.Duration(r.IntN(300))*time.Millisecond), time.Duration(r.IntN(200))*time.Millisecond
+		upTo := l.evictable(acked, readerNext, false, now, window)
+		for seq := uint64(1); seq <= l.head; seq++ {
+			if got, want := l.evictableThrough(seq, acked, readerNext, now, window), seq <= upTo; got != want {
+				t.Fatalf("trial %d: through %d: %v, the walk evicts up to %d (acked %d, reader %d, deliveries %v)",
+					trial, seq, got, upTo, acked, readerNext, l.deliveries)
+			}
+		}
+	}
 }

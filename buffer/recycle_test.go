@@ -1,40 +1,35 @@
-package buffer
+package buffer_test
 
 import (
 	"bytes"
 	"context"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/buffer/storetest"
 )
 
 // recycleStore is a store with real chunk sizing (not one chunk per event)
 // on a fake clock.
-func recycleStore(t *testing.T) (*MemoryStore, *fakeClock, Limits) {
+func recycleStore(t *testing.T) (*buffer.MemoryStore, *fakeClock, buffer.Limits) {
 	t.Helper()
-	lim := bigLimits()
+	lim := storetest.BigLimits()
 	lim.MaxStreamBytes = 256 << 10 // chunks of at most 32 KiB
-	clk := newClock()
-	st := NewMemoryStore(Options{Limits: lim, Now: clk.Now, SweepInterval: time.Hour})
+	clk := &fakeClock{now: time.Date(2025, 6, 18, 12, 0, 0, 0, time.UTC)}
+	st := buffer.NewMemoryStore(buffer.Options{Limits: lim, Now: clk.Now, SweepInterval: time.Hour})
 	t.Cleanup(st.Close)
 	return st, clk, lim
 }
 
 // checkBytes checks that the stream, its session and the store count what
 // the log holds.
-func checkBytes(t *testing.T, st *MemoryStore, str Stream) {
+func checkBytes(t *testing.T, st *buffer.MemoryStore, str buffer.Stream) {
 	t.Helper()
-	s := str.(*memStream)
-	s.mu.Lock()
-	size, held := s.log.size, capacityOf(&s.log)
-	s.mu.Unlock()
-	st.budget.mu.Lock()
-	counted, sess, total := s.bytes, s.sess.bytes, st.budget.total
-	st.budget.mu.Unlock()
-	if size != held || counted != size || sess != size || total != size {
-		t.Fatalf("log size %d, chunks hold %d, stream counts %d, session %d, store %d", size, held, counted, sess, total)
+	a := buffer.AccountingOf(st, str)
+	if a.Size != a.Held || a.Stream != a.Size || a.Session != a.Size || a.Store != a.Size {
+		t.Fatalf("log size %d, chunks hold %d, stream counts %d, session %d, store %d", a.Size, a.Held, a.Stream, a.Session, a.Store)
 	}
 }
 
@@ -44,7 +39,7 @@ func checkBytes(t *testing.T, st *MemoryStore, str Stream) {
 // memory is taken once the ring is full.
 func TestRecycleReusesChunks(t *testing.T) {
 	st, clk, lim := recycleStore(t)
-	str := mustStream(t, mustSession(t, st, "s"))
+	str := storetest.MustStream(t, storetest.MustSession(t, st, "s"))
 	r, err := str.Attach(1)
 	if err != nil {
 		t.Fatal(err)
@@ -53,32 +48,29 @@ func TestRecycleReusesChunks(t *testing.T) {
 	const size = 1000
 	bufs := map[*byte]bool{}
 	for round := 0; round < 20; round++ {
-		appendN(t, str, 100, size)
-		evs, err := readUntil(t, r, 100)
+		storetest.AppendN(t, str, 100, size)
+		evs, err := storetest.ReadUntil(t, r, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkSeqs(t, evs, uint64(round*100+1), size)
+		storetest.CheckSeqs(t, evs, uint64(round*100+1), size)
 		r.Delivered(evs[len(evs)-1].Seq)
 		// As a relay does after a write: back to Read, which waits (and
 		// lets go of the batch written).
-		if _, err := r.Read(context.Background(), nil, 1<<20, time.Millisecond); err != ErrIdle {
+		if _, err := r.Read(context.Background(), nil, 1<<20, time.Millisecond); err != buffer.ErrIdle {
 			t.Fatalf("read at head: %v", err)
 		}
 		checkBytes(t, st, str)
-		s := str.(*memStream)
-		s.mu.Lock()
-		for _, c := range s.log.chunks {
-			bufs[unsafe.SliceData(c.buf)] = true
+		mem, floor := buffer.ChunkMemory(str)
+		for _, p := range mem {
+			bufs[p] = true
 		}
-		floor := s.log.floor
-		s.mu.Unlock()
 		if got := st.Counters().EventsEvicted.Load(); got != floor-1 {
 			t.Fatalf("round %d: floor %d, %d events counted evicted", round, floor, got)
 		}
 		// The log holds at most the round being appended and the one
 		// before, in chunks of 32 KiB, whatever the rounds before.
-		if b := streamBytes(str); b > 2*100*(size+30)+2*(32<<10+1<<10) {
+		if b := buffer.StreamBytes(str); b > 2*100*(size+30)+2*(32<<10+1<<10) {
 			t.Fatalf("round %d: the stream holds %d bytes", round, b)
 		}
 		clk.Advance(lim.ResumeWindow) // what was delivered may go
@@ -98,11 +90,11 @@ func TestRecycleReusesChunks(t *testing.T) {
 	}
 	defer r2.Close()
 	v := str.View()
-	evs, err := readUntil(t, r2, int(v.Head-v.Floor+1))
+	evs, err := storetest.ReadUntil(t, r2, int(v.Head-v.Floor+1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSeqs(t, evs, v.Floor, size)
+	storetest.CheckSeqs(t, evs, v.Floor, size)
 	assertNoEarlyEviction(t, st)
 }
 
@@ -112,9 +104,9 @@ func TestRecycleReusesChunks(t *testing.T) {
 // go to new memory.
 func TestPinnedChunkIsNotRecycled(t *testing.T) {
 	st, clk, lim := recycleStore(t)
-	str := mustStream(t, mustSession(t, st, "s"))
+	str := storetest.MustStream(t, storetest.MustSession(t, st, "s"))
 	const size = 1000
-	appendN(t, str, 100, size)
+	storetest.AppendN(t, str, 100, size)
 	r, err := str.Attach(1)
 	if err != nil {
 		t.Fatal(err)
@@ -127,7 +119,7 @@ func TestPinnedChunkIsNotRecycled(t *testing.T) {
 	kept := bytes.Join(b.Data, nil) // what the client is being sent
 	r.Delivered(b.Last)             // written; the next Read has not come yet
 	clk.Advance(lim.ResumeWindow)   // and the window has passed
-	appendN(t, str, 100, size)
+	storetest.AppendN(t, str, 100, size)
 	if got := bytes.Join(b.Data, nil); !bytes.Equal(got, kept) {
 		t.Fatalf("a batch being written was overwritten by later events")
 	}
@@ -137,11 +129,11 @@ func TestPinnedChunkIsNotRecycled(t *testing.T) {
 		t.Fatalf("floor %d: the chunks of the delivered events 1..%d should have gone", v.Floor, b.Last)
 	}
 	checkBytes(t, st, str)
-	evs, err := decode(b)
+	evs, err := storetest.Decode(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSeqs(t, evs, 1, size)
+	storetest.CheckSeqs(t, evs, 1, size)
 }
 
 // Under the race detector: a producer appends while a reader reads,
@@ -150,12 +142,12 @@ func TestPinnedChunkIsNotRecycled(t *testing.T) {
 // once, so chunks are recycled as fast as they can be. A chunk rewritten
 // while a batch still held it would be a data race, and wrong bytes.
 func TestRecycleWhileReading(t *testing.T) {
-	lim := bigLimits()
+	lim := storetest.BigLimits()
 	lim.MaxStreamBytes = 64 << 10
 	lim.ResumeWindow = 0
-	st := NewMemoryStore(Options{Limits: lim, SweepInterval: time.Millisecond})
+	st := buffer.NewMemoryStore(buffer.Options{Limits: lim, SweepInterval: time.Millisecond})
 	defer st.Close()
-	str := mustStream(t, mustSession(t, st, "s"))
+	str := storetest.MustStream(t, storetest.MustSession(t, st, "s"))
 	const n, size = 20000, 300
 	r, err := str.Attach(1)
 	if err != nil {
@@ -166,7 +158,7 @@ func TestRecycleWhileReading(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for i := 1; i <= n; i++ {
-			if _, err := str.Append(context.Background(), fields(payload(uint64(i), size)), nil); err != nil {
+			if _, err := str.Append(context.Background(), storetest.Fields(storetest.Payload(uint64(i), size)), nil); err != nil {
 				t.Error(err)
 				return
 			}
@@ -184,49 +176,15 @@ func TestRecycleWhileReading(t *testing.T) {
 		}
 		r.Delivered(b.Last)
 		time.Sleep(time.Duration(next%3) * time.Microsecond) // let the producer run
-		evs, err := decode(b)
+		evs, err := storetest.Decode(b)
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkSeqs(t, evs, next, size)
+		storetest.CheckSeqs(t, evs, next, size)
 		next = b.Last + 1
 	}
 	r.Close()
 	wg.Wait()
 	checkBytes(t, st, str)
 	assertNoEarlyEviction(t, st)
-}
-
-// The recycler asks policy about a chunk's last event only: evictability
-// falls with seq, so that answer must be the whole prefix's. Checked
-// against the event-by-event walk over random acks, deliveries and
-// reader positions.
-func TestEvictableThroughAgreesWithTheWalk(t *testing.T) {
-	r := rand.New(rand.NewPCG(1, 2))
-	base := time.Unix(1_000_000, 0)
-	for trial := 0; trial < 2000; trial++ {
-		l := newEventLog("abcdefgh", 1, 64<<10)
-		n := 1 + r.IntN(50)
-		for i := 0; i < n; i++ {
-			l.append(fields([]byte("x")), false)
-		}
-		at := base
-		for seq := uint64(0); seq < l.head; {
-			seq += uint64(1 + r.IntN(5))
-			at = at.Add(time.Duration(r.IntN(3)) * time.Millisecond)
-			l.delivered(min(seq, l.head), at.UnixNano(), time.Millisecond)
-		}
-		if r.IntN(3) == 0 {
-			l.undeliver(uint64(r.IntN(n)))
-		}
-		acked, readerNext := uint64(r.IntN(n+1)), uint64(r.IntN(n+2))
-		now, window := base.Add(time.Duration(r.IntN(300))*time.Millisecond), time.Duration(r.IntN(200))*time.Millisecond
-		upTo := l.evictable(acked, readerNext, false, now, window)
-		for seq := uint64(1); seq <= l.head; seq++ {
-			if got, want := l.evictableThrough(seq, acked, readerNext, now, window), seq <= upTo; got != want {
-				t.Fatalf("trial %d: through %d: %v, the walk evicts up to %d (acked %d, reader %d, deliveries %v)",
-					trial, seq, got, upTo, acked, readerNext, l.deliveries)
-			}
-		}
-	}
 }

@@ -42,6 +42,9 @@ type StoreOptions struct {
 	// OnError is told of every failed operation of a store that can fail
 	// (a shared store), by operation.
 	OnError func(op string, err error)
+	// OnPublish is told how long a shared store took to store a batch of
+	// events.
+	OnPublish func(took time.Duration, events int)
 	// MaxEventBytes is the handler's max_event_bytes: a shared store must
 	// take such an event in one message.
 	MaxEventBytes int64
@@ -223,6 +226,7 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 		LeaseTTL:        time.Duration(n.LeaseTTL),
 		FailureSignals:  failureSignals,
 		OnError:         o.OnError,
+		OnPublish:       o.OnPublish,
 	}
 	if srv != nil {
 		opts.Server = srv.Server
@@ -331,6 +335,13 @@ func (n *NATSStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			*dst = args[0]
 			return nil
 		}
+		two := func(a, b *string, expected string) error {
+			if len(args) != 2 {
+				return d.Errf("store nats: %s: expected %s", name, expected)
+			}
+			*a, *b = args[0], args[1]
+			return nil
+		}
 		var err error
 		switch name {
 		case "url":
@@ -364,17 +375,11 @@ func (n *NATSStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "token":
 			err = one(&n.Token, "{env.NATS_TOKEN}")
 		case "user":
-			if len(args) != 2 {
-				return d.Errf("store nats: user: expected a user and a password, e.g. user caddy {env.NATS_PASSWORD}")
-			}
-			n.User, n.Password = args[0], args[1]
+			err = two(&n.User, &n.Password, "a user and a password, e.g. user caddy {env.NATS_PASSWORD}")
 		case "tls_ca":
 			err = one(&n.TLSCA, "/etc/nats/ca.pem")
 		case "tls_client":
-			if len(args) != 2 {
-				return d.Errf("store nats: tls_client: expected a certificate and a key file")
-			}
-			n.TLSCert, n.TLSKey = args[0], args[1]
+			err = two(&n.TLSCert, &n.TLSKey, "a certificate and a key file")
 		case "prefix":
 			err = one(&n.Prefix, "mcpr_prod")
 		case "drain_timeout", "lease_ttl":

@@ -61,6 +61,7 @@ type upstreamTap struct {
 	// parsed: fields alias the write's bytes (an event that came as it is
 	// stored) or framed, which holds the others back to back.
 	batch    []buffer.Entry
+	batchIDs []upstreamID // the upstream's ids of batch, taken once the batch is in
 	framed   []byte
 	pending  []string // request ids (canonical) still without an answer, in request order
 	progress bool     // the current attempt brought something new
@@ -72,6 +73,7 @@ type upstreamTap struct {
 func (h *Handler) newTap(r *http.Request, next caddyhttp.Handler, sess buffer.Session, version string) *upstreamTap {
 	t := &upstreamTap{h: h, next: next, client: r, sess: sess, version: version}
 	t.ctx, t.cancel = h.detach(r)
+	h.zone.taps.Add(1) // the store closes only once every tap has closed
 	if sess != nil {
 		t.tie(sess)
 	}
@@ -99,6 +101,7 @@ func (t *upstreamTap) close() {
 		t.unlink()
 	}
 	t.cancel()
+	t.h.zone.taps.Done()
 }
 
 // startRelay writes the client's response headers and pre, and relays the
@@ -169,18 +172,20 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 
 // onEvent takes one upstream event into the batch of the write being parsed.
 func (t *upstreamTap) onEvent(ev *sse.Event) error {
-	if ev.HasID {
-		if t.seenID(ev.ID) {
-			return nil // a replay repeated an event the stream has
-		}
-		t.lastID = ev.ID
-		t.progress = true
+	if ev.HasID && t.seenID(ev.ID) {
+		return nil // a replay repeated an event the stream has
 	}
 	if ev.HasRetry {
 		t.retry = time.Duration(ev.Retry) * time.Millisecond
 	}
 	if !ev.HasData || len(ev.Data) == 0 {
-		return nil // priming and close events are the upstream's, not the client's
+		// Priming and close events are the upstream's, not the client's; the
+		// cursor moves past one only once what came before it is in.
+		if err := t.flush(); err != nil {
+			return err
+		}
+		t.took(upstreamID{ev.ID, ev.HasID})
+		return nil
 	}
 	// Stored without the upstream's id and retry (the proxy follows the
 	// upstream itself; clients keep their own pace): the upstream's bytes as
@@ -206,6 +211,7 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		return errTooLarge
 	}
 	t.batch = append(t.batch, buffer.Entry{Fields: fields, Answers: t.answers(ev.Data)})
+	t.batchIDs = append(t.batchIDs, upstreamID{ev.ID, ev.HasID})
 	if len(t.batch) == maxBatch {
 		return t.flush()
 	}
@@ -246,14 +252,16 @@ func (t *upstreamTap) flush() error {
 				zap.Uint64("seq", seq), zap.Int("bytes", len(e.Fields)), zap.Strings("answers", e.Answers), zap.Error(ierr))
 		}
 	}
-	if n > 0 {
-		t.progress = true
+	for _, id := range t.batchIDs[:n] {
+		t.took(id)
 	}
 	for _, e := range t.batch[n:] {
 		t.pending = append(t.pending, e.Answers...)
 	}
 	clear(t.batch) // keep no reference to the upstream's bytes
 	t.batch = t.batch[:0]
+	clear(t.batchIDs)
+	t.batchIDs = t.batchIDs[:0]
 	t.framed = t.framed[:0]
 	if cap(t.framed) > 64<<10 {
 		t.framed = nil // do not keep an event-sized buffer for the stream's life
@@ -261,18 +269,39 @@ func (t *upstreamTap) flush() error {
 	return err
 }
 
-// seenID reports whether the upstream sent id before on this stream, and
-// remembers it.
+// took records that the stream has an upstream event: its ID becomes the cursor
+// the next upstream request resumes from. Only then: an event whose append
+// failed (a drain or a session end cut it short) must be asked for again.
+func (t *upstreamTap) took(id upstreamID) {
+	t.progress = true
+	if !id.has {
+		return
+	}
+	t.lastID = id.id
+	if len(t.recent) == recentUpstream {
+		t.recent = append(t.recent[:0], t.recent[1:]...)
+	}
+	t.recent = append(t.recent, id.id)
+}
+
+// upstreamID is an upstream event's id field, if it had one.
+type upstreamID struct {
+	id  string
+	has bool
+}
+
+// seenID reports whether the stream has the upstream's event id already.
 func (t *upstreamTap) seenID(id string) bool {
 	for _, s := range t.recent {
 		if s == id {
 			return true
 		}
 	}
-	if len(t.recent) == recentUpstream {
-		t.recent = append(t.recent[:0], t.recent[1:]...)
+	for _, b := range t.batchIDs {
+		if b.has && b.id == id {
+			return true
+		}
 	}
-	t.recent = append(t.recent, id)
 	return false
 }
 

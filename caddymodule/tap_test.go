@@ -115,17 +115,10 @@ func testHandler(t testing.TB) *Handler {
 	h.logger = zap.NewNop()
 	st := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
 	t.Cleanup(st.Close)
-	// A zone whose store is open, as loadZone and open leave a memory one.
-	z := &zone{name: "test", backend: MemoryStore{}, store: st, ready: make(chan struct{})}
-	close(z.ready)
-	z.ctx, z.cancel = context.WithCancel(context.Background())
-	z.stopCtx, z.stop = context.WithCancel(context.Background())
-	z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
-	z.logger.Store(h.logger)
-	lim := h.limits()
-	z.limits.Store(&lim)
-	t.Cleanup(func() { z.stop(); z.cancel() })
-	h.zone = z
+	h.zone = newZone("test", MemoryStore{}, 0, h.limits(), h.MaxEventBytes, h.logger)
+	h.zone.store = st
+	close(h.zone.ready)
+	t.Cleanup(func() { h.zone.stop() })
 	return h
 }
 
@@ -590,12 +583,16 @@ func TestTapFlushWithoutBatchAppender(t *testing.T) {
 	}
 	tap := &upstreamTap{h: h, sess: s, stream: onlyAppend{str}, ctx: context.Background()}
 	tap.batch = []buffer.Entry{{Fields: []byte("data: 1\n")}, {Fields: []byte("data: 2\n"), Answers: []string{`"a"`}}}
-	if err := tap.flush(); err != nil || str.View().Head != 2 || len(tap.batch) != 0 || !tap.progress {
-		t.Fatalf("flush: %v, view %+v, batch %d", err, str.View(), len(tap.batch))
+	tap.batchIDs = []upstreamID{{"u1", true}, {"u2", true}}
+	if err := tap.flush(); err != nil || str.View().Head != 2 || len(tap.batch) != 0 || !tap.progress || tap.lastID != "u2" {
+		t.Fatalf("flush: %v, view %+v, batch %d, upstream cursor %q", err, str.View(), len(tap.batch), tap.lastID)
 	}
 	str.Complete()
 	tap.batch = []buffer.Entry{{Fields: []byte("data: 3\n"), Answers: []string{`"b"`}}}
-	if err := tap.flush(); err != buffer.ErrStreamEnded || len(tap.pending) != 1 || tap.pending[0] != `"b"` {
-		t.Fatalf("flush on an ended stream: %v, pending %q", err, tap.pending)
+	tap.batchIDs = []upstreamID{{"u3", true}}
+	// The upstream cursor stays before an event the stream did not take:
+	// the next upstream request must ask for it again.
+	if err := tap.flush(); err != buffer.ErrStreamEnded || len(tap.pending) != 1 || tap.pending[0] != `"b"` || tap.lastID != "u2" {
+		t.Fatalf("flush on an ended stream: %v, pending %q, upstream cursor %q", err, tap.pending, tap.lastID)
 	}
 }

@@ -52,7 +52,8 @@ type zone struct {
 	draining atomic.Bool     // no new calls: the process is stopping
 	drainCtx context.Context // ends when the drain starts: standalone reads, which never end by themselves, end with it
 	drained  context.CancelFunc
-	reads    atomic.Int64 // calls whose upstream response is being read
+	reads    atomic.Int64   // calls whose upstream response is being read
+	taps     sync.WaitGroup // every upstream tap, until it has closed
 
 	logger        atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
 	limits        atomic.Pointer[buffer.Limits]
@@ -63,6 +64,17 @@ type zone struct {
 func (z *zone) Destruct() error {
 	z.stop()
 	z.cancel()
+	// The taps end at once now, but they still write what they owe the store
+	// as they close (a standalone stream's upstream cursor, the last batch):
+	// Caddy's shutdown does not wait for them, since a cut client's
+	// connection was hijacked away from the server's tracking.
+	tapsClosed := make(chan struct{})
+	go func() { z.taps.Wait(); close(tapsClosed) }()
+	select {
+	case <-tapsClosed:
+	case <-time.After(10 * time.Second):
+		z.logger.Load().Warn("upstream taps still closing after 10s; closing the store anyway", zap.String("zone", z.name))
+	}
 	select {
 	case <-z.ready:
 		z.store.Close()
@@ -78,13 +90,7 @@ func zoneKey(name, storeKey string) string { return "mcp_resume/" + name + "/" +
 func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64,
 	logger *zap.Logger) (*zone, error) {
 	v, loaded, err := zones.LoadOrNew(zoneKey(name, storeKey), func() (caddy.Destructor, error) {
-		z := &zone{name: name, backend: backend, drain: drain, ready: make(chan struct{})}
-		z.ctx, z.cancel = context.WithCancel(context.Background())
-		z.stopCtx, z.stop = context.WithCancel(context.Background())
-		z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
-		z.logger.Store(logger)
-		z.limits.Store(&l)
-		z.maxEventBytes.Store(maxEvent)
+		z := newZone(name, backend, drain, l, maxEvent, logger)
 		if !backend.Shared() {
 			z.open() // in memory: nothing to connect to, nothing to fail
 		}
@@ -105,6 +111,18 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 		}
 	}
 	return z, nil
+}
+
+// newZone makes a zone whose store is not open yet.
+func newZone(name string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64, logger *zap.Logger) *zone {
+	z := &zone{name: name, backend: backend, drain: drain, ready: make(chan struct{})}
+	z.ctx, z.cancel = context.WithCancel(context.Background())
+	z.stopCtx, z.stop = context.WithCancel(context.Background())
+	z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
+	z.logger.Store(logger)
+	z.limits.Store(&l)
+	z.maxEventBytes.Store(maxEvent)
+	return z
 }
 
 func releaseZone(name, storeKey string) error {
@@ -156,6 +174,9 @@ func (z *zone) storeOptions() StoreOptions {
 		Hooks:         storeHooks(z.logger.Load),
 		Logger:        z.logger.Load(),
 		MaxEventBytes: z.maxEventBytes.Load(),
+		OnPublish: func(took time.Duration, events int) {
+			storePublish.WithLabelValues(z.name).Observe(took.Seconds())
+		},
 		OnError: func(op string, err error) {
 			storeErrors.WithLabelValues(z.name, op).Inc()
 			if c := z.logger.Load().Check(zap.DebugLevel, "shared store operation failed"); c != nil {

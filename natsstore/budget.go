@@ -59,7 +59,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 			StreamBytes: own, StreamMax: lim.MaxStreamBytes,
 			SessionBytes: own + others, SessionMax: lim.MaxSessionBytes,
 			TotalBytes: total, TotalMax: lim.MaxTotalBytes,
-			Attached: rec.readerAt(now, st.opts.LeaseTTL) != nil,
+			Attached: w.attached(rec, now),
 		}
 		var stalled time.Duration
 		progress := now
@@ -122,6 +122,17 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 	}
 }
 
+// attached reports whether a client reads the stream now. A reader of this
+// replica that closed is gone at once, before the record says so: its
+// stream must not go on using the reserve for connected clients meanwhile.
+func (w *writer) attached(rec *streamRecord, now time.Time) bool {
+	e := rec.readerAt(now, w.st.opts.LeaseTTL)
+	if e == nil {
+		return false
+	}
+	return e.Replica != w.st.opts.ReplicaID || w.s.localReader() != nil
+}
+
 // progressSince is when the stall of an append blocked since blockedAt
 // counts from: the client's last delivery if later, or now while a client
 // is attached and has every event (it is keeping up; the window holds the
@@ -131,7 +142,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 // its own at once.
 func (w *writer) progressSince(rec *streamRecord, blockedAt, now time.Time) time.Time {
 	delivered, sent := rec.Delivered, rec.lastDelivery()
-	attached := rec.readerAt(now, w.st.opts.LeaseTTL) != nil
+	attached := w.attached(rec, now)
 	if r := w.s.localReader(); r != nil {
 		d, at := r.progress()
 		delivered, sent, attached = max(delivered, d), maxTime(sent, at), true

@@ -4,88 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// startCluster runs three JetStream servers in this process, routed to
-// each other on loopback.
-func startCluster(t *testing.T) []*server.Server {
-	t.Helper()
-	const n = 3
-	var routes []*url.URL
-	opts := make([]*server.Options, n)
-	for i := range opts {
-		rp := freePort(t)
-		u, _ := url.Parse(fmt.Sprintf("nats-route://127.0.0.1:%d", rp))
-		routes = append(routes, u)
-		opts[i] = &server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: freePort(t),
-			JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
-			Cluster: server.ClusterOpts{Name: "mcpr", Host: "127.0.0.1", Port: rp}}
-	}
-	servers := make([]*server.Server, n)
-	var wg sync.WaitGroup
-	for i, o := range opts {
-		o.Routes = routes
-		wg.Add(1)
-		go func() { // each waits for its routes: start them together
-			defer wg.Done()
-			s, err := server.NewServer(o)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			s.Start()
-			if !s.ReadyForConnections(30 * time.Second) {
-				t.Errorf("%s not ready", o.ServerName)
-			}
-			servers[i] = s
-		}()
-	}
-	wg.Wait()
-	t.Cleanup(func() {
-		for _, s := range servers {
-			if s != nil {
-				s.Shutdown()
-				s.WaitForShutdown()
-			}
-		}
-	})
-	if t.Failed() {
-		t.FailNow()
-	}
-	waitUntil(t, "a JetStream meta group of three, all current", 60*time.Second, func() bool {
-		for _, s := range servers {
-			if s.JetStreamIsLeader() && len(s.JetStreamClusterPeers()) == n {
-				for _, o := range servers {
-					if !o.JetStreamIsCurrent() {
-						return false
-					}
-				}
-				return true
-			}
-		}
-		return false
-	})
-	return servers
-}
 
 // A 3-node cluster (R3) loses the events stream's leader (a graceful
 // shutdown) while a stream is being appended and read: every appended
@@ -94,7 +18,7 @@ func TestClusterLosesLeader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a 3-node cluster")
 	}
-	servers := startCluster(t)
+	servers := testnet.NATSCluster(t, 3)
 	var urls []string
 	for _, s := range servers {
 		urls = append(urls, s.ClientURL())

@@ -9,15 +9,15 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/buffer/storetest"
 )
 
-// openEmbedded opens a store on its own embedded server in a temporary
-// directory, closed when the test ends.
-func openEmbedded(t testing.TB, lim buffer.Limits, mod ...func(*Options)) *Store {
+// openStore opens a store with opts, its sweeper running every 20ms, as
+// changed by mod; it is closed when the test ends.
+func openStore(t testing.TB, opts Options, mod ...func(*Options)) *Store {
 	t.Helper()
-	opts := Options{Embedded: true, Dir: t.TempDir(), Limits: lim, SweepInterval: 20 * time.Millisecond}
+	opts.SweepInterval = 20 * time.Millisecond
 	for _, m := range mod {
 		m(&opts)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	st, err := Open(ctx, opts)
 	if err != nil {
@@ -25,6 +25,13 @@ func openEmbedded(t testing.TB, lim buffer.Limits, mod ...func(*Options)) *Store
 	}
 	t.Cleanup(st.Close)
 	return st
+}
+
+// openEmbedded opens a store on its own embedded server in a temporary
+// directory.
+func openEmbedded(t testing.TB, lim buffer.Limits, mod ...func(*Options)) *Store {
+	t.Helper()
+	return openStore(t, Options{Embedded: true, Dir: t.TempDir(), Limits: lim}, mod...)
 }
 
 // The JetStream store keeps the contract the memory store keeps.

@@ -84,7 +84,8 @@ func (hl *heldLeases) releaseAll(st *Store) {
 }
 
 // renewLoop renews the held producer leases, and the reader entries,
-// three times per TTL.
+// three times per TTL. Its ticker loop is the idiom of every store's
+// background loop (buffer's sweepLoop too), each on its own context.
 func (st *Store) renewLoop() {
 	defer st.wg.Done()
 	t := time.NewTicker(st.opts.LeaseTTL / 3)

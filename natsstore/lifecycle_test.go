@@ -83,10 +83,7 @@ func TestRestartKeepsTheZone(t *testing.T) {
 // failure signals and the end marker, and a reader on B ends with
 // FailedError(upstream_failed) after them.
 func TestDeadProducerFailedBySweeper(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	short := func(o *Options) { o.LeaseTTL = time.Second }
-	a := openAt(t, []string{srv.ClientURL()}, short)
-	b := openAt(t, []string{srv.ClientURL()}, short)
+	a, b := replicas(t, func(o *Options) { o.LeaseTTL = time.Second })
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1", `"two"`}, [32]byte{1})
 	if !str.ClaimProducer() {
@@ -97,8 +94,7 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 		t.Fatal(err)
 	}
 	str.(*stream).currentWriter().waitStored(10 * time.Second)
-	var sb buffer.Session
-	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	sb := sessionOn(t, b, "sess")
 	stB, _ := sb.Stream(1)
 	rb, _ := stB.Attach(1)
 	defer rb.Close()
@@ -147,8 +143,7 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 // replica may produce), its consumers, its readers' entries; and the
 // live request streams it produced fail loudly, where any replica sees.
 func TestCloseReleases(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	g := sa.Standalone()
 	if !g.ClaimProducer() {

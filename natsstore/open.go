@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,6 +59,10 @@ type Store struct {
 	sweeper   sweeperLease
 	admitting admissions
 	reading   sync.Map // *reader -> its iterator, while its consumer runs
+	bg        struct {
+		mu     sync.Mutex
+		closed bool
+	}
 }
 
 var _ buffer.Store = (*Store)(nil)
@@ -207,7 +213,7 @@ func (st *Store) provision(ctx context.Context) error {
 	n, r := st.names, st.opts.Replicas
 	maxBytes := int64(-1)
 	if l := st.Limits(); l.MaxTotalBytes > 0 {
-		maxBytes = l.MaxTotalBytes
+		maxBytes = hardLimit(l.MaxTotalBytes)
 	}
 	var ev jetstream.Stream
 	err := provisioning(ctx, func(ctx context.Context) (err error) {
@@ -385,6 +391,23 @@ func (st *Store) close() {
 	st.shutdown()
 }
 
+// spawn runs fn in the background, counted in wg, unless shutdown has begun
+// waiting for the background work (a WaitGroup must not grow while waited
+// on); it reports whether fn runs.
+func (st *Store) spawn(fn func()) bool {
+	st.bg.mu.Lock()
+	defer st.bg.mu.Unlock()
+	if st.bg.closed {
+		return false
+	}
+	st.wg.Add(1)
+	go func() {
+		defer st.wg.Done()
+		fn()
+	}()
+	return true
+}
+
 // shutdown stops the background work and the connection without releasing
 // anything: what a crash leaves behind (tests use it alone).
 func (st *Store) shutdown() {
@@ -394,6 +417,9 @@ func (st *Store) shutdown() {
 		it.(jetstream.MessagesContext).Stop()
 		return true
 	})
+	st.bg.mu.Lock()
+	st.bg.closed = true // no background work starts after this
+	st.bg.mu.Unlock()
 	st.wg.Wait()
 	if st.nc != nil {
 		st.nc.Close()
@@ -422,14 +448,11 @@ func (st *Store) drain() {
 	}
 }
 
+// handleList returns the session handles made here.
 func (st *Store) handleList() []*session {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	out := make([]*session, 0, len(st.handles))
-	for _, s := range st.handles {
-		out = append(out, s)
-	}
-	return out
+	return slices.Collect(maps.Values(st.handles))
 }
 
 // Counters implements buffer.Store: this replica's counts.
@@ -445,7 +468,14 @@ func (st *Store) Limits() buffer.Limits {
 	return st.limits
 }
 
-// SetLimits implements buffer.Store. A new max_total_bytes becomes the
+// hardLimit is the events stream's MaxBytes for max_total_bytes: an eighth
+// above it. The budget decides on max_total_bytes (with its reserve for
+// connected clients); across replicas its figures are approximate, and
+// JetStream's own limit is the backstop that never lets the store grow
+// without bound, not the bound clients meet first.
+func hardLimit(total int64) int64 { return total + total/8 }
+
+// SetLimits implements buffer.Store. A new max_total_bytes moves the
 // events stream's MaxBytes.
 func (st *Store) SetLimits(l buffer.Limits) {
 	st.limMu.Lock()
@@ -458,7 +488,7 @@ func (st *Store) SetLimits(l buffer.Limits) {
 		info, err := st.events.Info(ctx)
 		if err == nil {
 			cfg := info.Config
-			cfg.MaxBytes = l.MaxTotalBytes
+			cfg.MaxBytes = hardLimit(l.MaxTotalBytes)
 			_, err = st.js.UpdateStream(ctx, cfg)
 		}
 		st.fault("update_stream", err)

@@ -90,6 +90,10 @@ type Options struct {
 	// waiting for its answer. The Caddy glue sets its own; the default
 	// builds the same shape.
 	FailureSignals func(reason policy.Reason, lastEventID string, pending []string) []buffer.Signal
+	// OnPublish, if set, is told of every batch stored: how long JetStream
+	// took to acknowledge it (retries included) and how many events it held.
+	// It must not block.
+	OnPublish func(took time.Duration, events int)
 	// OnError, if set, is told of every failed NATS operation, by operation
 	// name (metrics, logs). It must not block.
 	OnError func(op string, err error)

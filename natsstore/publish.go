@@ -26,15 +26,6 @@ func appendFramed(dst []byte, epoch string, num uint32, seq uint64, fields []byt
 	return append(dst, '\n')
 }
 
-func decimalLen(v uint64) int {
-	n := 1
-	for v >= 10 {
-		v /= 10
-		n++
-	}
-	return n
-}
-
 // endMarker is the empty message that ends a stream at head.
 func endMarker(subject string, head uint64, off int64, state policy.StreamState, reason policy.Reason) *nats.Msg {
 	msg := nats.NewMsg(subject)

@@ -136,7 +136,9 @@ func (r *reader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time
 	}
 }
 
-// wait waits for a message, a change of the stream, the end, or idle.
+// wait waits for a message, a change of the stream, the end, or idle. It
+// reuses its timer as buffer's memReader.wait does; the events it waits
+// for (messages, pump errors, record changes) are the JetStream reader's.
 func (r *reader) wait(ctx context.Context, idle time.Duration, changed <-chan struct{}) error {
 	if r.timer == nil {
 		r.timer = time.NewTimer(idle)
@@ -202,14 +204,15 @@ func (r *reader) start(rec *streamRecord, next uint64) error {
 	r.st.reading.Store(r, it)
 	r.cmu.Unlock()
 	r.msgs, r.pumpErr = make(chan jetstream.Msg, 1), make(chan error, 1)
-	r.st.wg.Add(1)
-	go r.pump(it)
+	if !r.st.spawn(func() { r.pump(it) }) {
+		it.Stop()
+		return errors.New("natsstore: the store is closed")
+	}
 	return nil
 }
 
 // pump moves messages from the consumer to Read, one at a time.
 func (r *reader) pump(it jetstream.MessagesContext) {
-	defer r.st.wg.Done()
 	for {
 		m, err := it.Next()
 		if err != nil {
@@ -439,13 +442,13 @@ func (r *reader) release() {
 // outlives Stop until its inactivity threshold otherwise).
 func (r *reader) deleteConsumer(cons jetstream.Consumer) {
 	name := cons.CachedInfo().Name
-	r.st.wg.Add(1)
-	go func() {
-		defer r.st.wg.Done()
+	// Once the store shuts down, the consumer goes with its inactivity
+	// threshold instead.
+	r.st.spawn(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := r.st.events.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			r.st.fault("delete_consumer", err)
 		}
-	}()
+	})
 }

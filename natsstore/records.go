@@ -198,7 +198,9 @@ func (r *streamRecord) lastDelivery() time.Time {
 }
 
 // evictable returns the highest seq that may leave the stream now, at most
-// limit: events go in order while policy.Evictable allows.
+// limit: events go in order while policy.Evictable allows. buffer's
+// eventLog.evictable walks its own delivery list the same way; the rule
+// both apply is policy's, the records they walk are each store's.
 func (r *streamRecord) evictable(limit uint64, readerNext uint64, now time.Time, window time.Duration) uint64 {
 	seq := r.Floor - 1
 	d := 0

@@ -9,10 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
@@ -26,37 +25,25 @@ func testLimits() buffer.Limits {
 	}
 }
 
-// startServer runs a JetStream server on loopback for stores to share.
-func startServer(t testing.TB, dir string) *server.Server {
-	t.Helper()
-	s, err := server.NewServer(&server.Options{JetStream: true, Host: "127.0.0.1", Port: server.RANDOM_PORT,
-		StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: embeddedMaxPayload, MaxPending: embeddedMaxPayload})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	if !s.ReadyForConnections(20 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
-}
-
 // openAt opens a replica connected to urls.
 func openAt(t testing.TB, urls []string, mod ...func(*Options)) *Store {
 	t.Helper()
-	opts := Options{URLs: urls, Limits: testLimits(), SweepInterval: 20 * time.Millisecond}
-	for _, m := range mod {
-		m(&opts)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	st, err := Open(ctx, opts)
-	if err != nil {
-		t.Fatalf("Open: %v", err)
-	}
-	t.Cleanup(st.Close)
-	return st
+	return openStore(t, Options{URLs: urls, Limits: testLimits()}, mod...)
+}
+
+// replicas opens two replicas of a zone, A and B, on a server of their own.
+func replicas(t testing.TB, mod ...func(*Options)) (a, b *Store) {
+	t.Helper()
+	urls := []string{testnet.NATS(t).ClientURL()}
+	return openAt(t, urls, mod...), openAt(t, urls, mod...)
+}
+
+// sessionOn waits until st knows session id, and returns it.
+func sessionOn(t testing.TB, st *Store, id string) buffer.Session {
+	t.Helper()
+	var s buffer.Session
+	waitUntil(t, "the replica to know session "+id, 10*time.Second, func() bool { s, _ = st.Session(id); return s != nil })
+	return s
 }
 
 // crash stops a replica as a killed process would: nothing is flushed,
@@ -126,8 +113,7 @@ func checkRun(t testing.TB, seqs []uint64, from, to uint64) {
 // A stream appended on A is resumed on B: exactly the rest, then live as
 // A appends, then its end.
 func TestResumeOnAnotherReplica(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	a, b := replicas(t)
 	if !bytes.Equal(a.Key(), b.Key()) {
 		t.Fatal("replicas have different zone secrets")
 	}
@@ -137,8 +123,7 @@ func TestResumeOnAnotherReplica(t *testing.T) {
 	}
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
 	appendEvents(t, str, 1, 10)
-	var sb buffer.Session
-	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	sb := sessionOn(t, b, "sess")
 	if sb.Epoch() != sa.Epoch() || !eventid.Minted(b.Key(), "sess", sb.Epoch()) {
 		t.Fatal("B sees another epoch")
 	}
@@ -177,8 +162,7 @@ func TestResumeOnAnotherReplica(t *testing.T) {
 
 // A client that moves to B takes the stream over from its connection on A.
 func TestTakeoverAcrossReplicas(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
 	appendEvents(t, str, 1, 3)
@@ -194,8 +178,7 @@ func TestTakeoverAcrossReplicas(t *testing.T) {
 		_, err := ra.Read(context.Background(), nil, 1<<20, time.Minute)
 		waiting <- err
 	}()
-	var sb buffer.Session
-	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	sb := sessionOn(t, b, "sess")
 	stB, _ := sb.Stream(1)
 	rb, err := stB.Attach(2)
 	if err != nil {
@@ -223,13 +206,11 @@ func TestTakeoverAcrossReplicas(t *testing.T) {
 
 // Deleting on A ends the session on B: its context, its readers.
 func TestDeleteAcrossReplicas(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
 	appendEvents(t, str, 1, 3)
-	var sb buffer.Session
-	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	sb := sessionOn(t, b, "sess")
 	stB, _ := sb.Stream(1)
 	rb, _ := stB.Attach(1)
 	defer rb.Close()
@@ -267,11 +248,9 @@ func TestDeleteAcrossReplicas(t *testing.T) {
 // successive upstream GETs on whichever replica: each producer goes on
 // from what the last one stored.
 func TestStandaloneProducerMoves(t *testing.T) {
-	srv := startServer(t, t.TempDir())
-	a, b := openAt(t, []string{srv.ClientURL()}), openAt(t, []string{srv.ClientURL()})
+	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	var sb buffer.Session
-	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	sb := sessionOn(t, b, "sess")
 	ga, gb := sa.Standalone(), sb.Standalone()
 	produce := func(g buffer.Stream, from, to uint64) {
 		t.Helper()
@@ -299,17 +278,15 @@ func TestStandaloneProducerMoves(t *testing.T) {
 // window is longer than the stall timeout), and goes on as the window
 // releases what B delivered; a resume on B acknowledging frees it at once.
 func TestBackpressureAcrossReplicas(t *testing.T) {
-	srv := startServer(t, t.TempDir())
 	lim := testLimits()
 	lim.MaxStreamBytes = 4 << 10
 	lim.ResumeWindow = 500 * time.Millisecond
 	lim.StallTimeout = 200 * time.Millisecond
 	withLim := func(o *Options) { o.Limits = lim }
-	a, b := openAt(t, []string{srv.ClientURL()}, withLim), openAt(t, []string{srv.ClientURL()}, withLim)
+	a, b := replicas(t, withLim)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
-	var sb buffer.Session
-	waitUntil(t, "B to know the session", 10*time.Second, func() bool { sb, _ = b.Session("sess"); return sb != nil })
+	sb := sessionOn(t, b, "sess")
 	stB, _ := sb.Stream(1)
 	rb, _ := stB.Attach(1)
 	defer rb.Close()

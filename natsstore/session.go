@@ -1,9 +1,11 @@
 package natsstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
-	"sort"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,12 +115,7 @@ func (s *session) stream(num uint32, kind policy.StreamKind) *stream {
 func (s *session) streamList() []*stream {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]*stream, 0, len(s.streams))
-	for _, str := range s.streams {
-		out = append(out, str)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].num < out[j].num })
-	return out
+	return slices.SortedFunc(maps.Values(s.streams), func(a, b *stream) int { return cmp.Compare(a.num, b.num) })
 }
 
 // liveRequests counts the session's live request streams, on any replica.

@@ -284,7 +284,16 @@ func (s *stream) markOpened() {
 	}
 }
 
+// UpstreamCursor implements buffer.Stream. It reads the record from KV, not
+// the mirror: the producer before this one (on another replica) wrote it a
+// moment ago, and a stale cursor would have the upstream send again what
+// the stream has (or skip what it lacks).
 func (s *stream) UpstreamCursor() string {
+	ctx, cancel := s.sess.st.opCtx()
+	defer cancel()
+	if _, _, err := s.sess.st.streams.fetch(ctx, s.key); err != nil && !errors.Is(err, errNotFound) {
+		s.sess.st.fault("stream", err)
+	}
 	if rec, ok := s.record(); ok {
 		return rec.Upstream
 	}

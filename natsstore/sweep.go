@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -207,16 +206,7 @@ func (st *Store) failOrphan(key string) {
 	}
 	noAbort := func() error { return nil }
 	if len(b.lens) > 0 {
-		msg := nats.NewMsg(subject)
-		msg.Data = b.buf
-		msg.Header.Set(hdrFirst, strconv.FormatUint(b.first, 10))
-		msg.Header.Set(hdrOff, strconv.FormatInt(b.off, 10))
-		if len(b.lens) > 1 {
-			msg.Header.Set(hdrLens, joinLens(b.lens))
-		}
-		if len(b.answers) > 0 {
-			msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
-		}
+		msg := b.msg(subject)
 		if expect, err = st.publishAfter(msg, key+"."+strconv.FormatUint(b.first, 10), expect, noAbort, nil); err != nil {
 			return // the producer lives after all, or another sweeper was first
 		}

@@ -51,9 +51,26 @@ type batch struct {
 	first   uint64
 	off     int64
 	answers []answer
+	stored  int64 // what JetStream will count for it, once published
 }
 
 func (b *batch) last() uint64 { return b.first + uint64(len(b.lens)) - 1 }
+
+// msg is the message that stores b on subject: its events' bytes, and in
+// headers where they start and what they answer.
+func (b *batch) msg(subject string) *nats.Msg {
+	msg := nats.NewMsg(subject)
+	msg.Data = b.buf
+	msg.Header.Set(hdrFirst, strconv.FormatUint(b.first, 10))
+	msg.Header.Set(hdrOff, strconv.FormatInt(b.off, 10))
+	if len(b.lens) > 1 {
+		msg.Header.Set(hdrLens, joinLens(b.lens))
+	}
+	if len(b.answers) > 0 {
+		msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
+	}
+	return msg
+}
 
 var errConflict = errors.New("natsstore: another writer stored to the stream")
 
@@ -84,7 +101,7 @@ func (w *writer) load() error {
 }
 
 func (w *writer) framedLen(fields int) int {
-	return len("id: ") + eventid.EpochLen + 1 + decimalLen(uint64(w.s.num)) + 1 + decimalLen(w.head+1) + 1 + fields + 1
+	return len("id: ") + eventid.Len(eventid.EpochLen, w.s.num, w.head+1) + 1 + fields + 1
 }
 
 // usableLocked reports why nothing more can be appended, if so.
@@ -142,9 +159,7 @@ func (w *writer) addLocked(fields []byte, answers []string) uint64 {
 	w.others.grown.Store(w.headOff)
 	w.st.unstored.Add(int64(n))
 	if !w.flushing {
-		w.flushing = true
-		w.st.wg.Add(1)
-		go w.flush()
+		w.flushing = w.st.spawn(w.flush) // after shutdown nothing stores it: Close failed the stream
 	}
 	return seq
 }
@@ -164,7 +179,6 @@ func (w *writer) answerable(rec *streamRecord, id string) bool {
 
 // flush publishes batches, one at a time, until none is open.
 func (w *writer) flush() {
-	defer w.st.wg.Done()
 	for {
 		w.mu.Lock()
 		if w.stopErr != nil {
@@ -182,7 +196,11 @@ func (w *writer) flush() {
 		w.mu.Unlock()
 		w.room.fire()
 
+		began := time.Now()
 		seq, err := w.publish(&b, expect)
+		if err == nil && w.st.opts.OnPublish != nil {
+			w.st.opts.OnPublish(time.Since(began), len(b.lens))
+		}
 		w.mu.Lock()
 		if err == nil {
 			w.lastMsg, w.stored, w.storedOff = seq, b.last(), b.off+int64(len(b.buf))
@@ -204,7 +222,7 @@ func (w *writer) flush() {
 		w.st.unstored.Add(-int64(len(b.buf)))
 		w.room.fire()
 		if err == nil {
-			w.st.total.add(int64(len(b.buf) + len(w.s.subject) + 64))
+			w.st.total.add(b.stored)
 			w.sync(len(b.answers) > 0)
 		}
 	}
@@ -212,17 +230,26 @@ func (w *writer) flush() {
 
 // publish stores one batch.
 func (w *writer) publish(b *batch, expect uint64) (uint64, error) {
-	msg := nats.NewMsg(w.s.subject)
-	msg.Data = b.buf
-	msg.Header.Set(hdrFirst, strconv.FormatUint(b.first, 10))
-	msg.Header.Set(hdrOff, strconv.FormatInt(b.off, 10))
-	if len(b.lens) > 1 {
-		msg.Header.Set(hdrLens, joinLens(b.lens))
+	msg := b.msg(w.s.subject)
+	id := w.s.key + "." + strconv.FormatUint(b.first, 10)
+	b.stored = storedSize(msg, id)
+	return w.st.publishAfter(msg, id, expect, w.aborted, w.emptied)
+}
+
+// storedSize estimates what JetStream's file store counts for msg (its
+// State.Bytes): payload, subject, headers (with the ones publishing adds)
+// and the record's own overhead. Overestimating is safe; an estimate short
+// of it let JetStream's hard limit bite before the budget's reserve for
+// connected clients did, starving them.
+func storedSize(msg *nats.Msg, id string) int64 {
+	n := len(msg.Data) + len(msg.Subject) + len("NATS/1.0\r\n\r\n")
+	for k, vs := range msg.Header {
+		for _, v := range vs {
+			n += len(k) + len(": \r\n") + len(v)
+		}
 	}
-	if len(b.answers) > 0 {
-		msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
-	}
-	return w.st.publishAfter(msg, w.s.key+"."+strconv.FormatUint(b.first, 10), expect, w.aborted, w.emptied)
+	n += len("Nats-Msg-Id: \r\n") + len(id) + len("Nats-Expected-Last-Subject-Sequence: 18446744073709551615\r\n")
+	return int64(n + 64) // record header, sequence, timestamp, checksum
 }
 
 // aborted reports why the writer must stop retrying.

@@ -186,8 +186,11 @@ func pastRequestGap(past *PastView, reason Reason, seq uint64) Resume {
 	if past == nil || past.Stream == nil {
 		return g
 	}
-	if seq > past.Stream.Head {
-		return Resume{Kind: Ended} // the client has this answer already
+	switch {
+	case seq == past.Stream.Head+1:
+		return Resume{Kind: Ended} // the cursor this gap hands out: the client has its answer already
+	case seq > past.Stream.Head+1:
+		return reject(http.StatusBadRequest, "Last-Event-ID is ahead of the stream")
 	}
 	for _, r := range past.Stream.Requests {
 		if r.AnsweredAt == 0 || r.AnsweredAt > seq {

@@ -26,19 +26,19 @@ var eventContracts = []contract{
 }
 
 func testAppendReadComplete(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	s := mustSession(t, st, "s1")
-	str := mustStream(t, s, "1", `"b"`)
+	st := e.store(BigLimits())
+	s := MustSession(t, st, "s1")
+	str := MustStream(t, s, "1", `"b"`)
 	if v := str.View(); v.Floor != 1 || v.Head != 0 || v.State != policy.Live || v.Kind != policy.RequestStream {
 		t.Fatalf("fresh stream view %+v", v)
 	}
-	appendN(t, str, 3, evSize)
-	seq, err := str.Append(context.Background(), fields(payload(4, evSize)), []string{"1"})
+	AppendN(t, str, 3, EvSize)
+	seq, err := str.Append(context.Background(), Fields(Payload(4, EvSize)), []string{"1"})
 	if err != nil || seq != 4 {
 		t.Fatalf("Append(answering 1) = %d, %v", seq, err)
 	}
-	mustAppend(t, str, payload(5, evSize))
-	if _, err := str.Append(context.Background(), fields(payload(6, evSize)), []string{`"b"`, "1"}); err != nil {
+	MustAppend(t, str, Payload(5, EvSize))
+	if _, err := str.Append(context.Background(), Fields(Payload(6, EvSize)), []string{`"b"`, "1"}); err != nil {
 		t.Fatal(err)
 	}
 	str.Complete()
@@ -47,18 +47,18 @@ func testAppendReadComplete(t *testing.T, e *env) {
 		v.Requests[0] != (policy.RequestView{ID: "1", AnsweredAt: 4}) || v.Requests[1] != (policy.RequestView{ID: `"b"`, AnsweredAt: 6}) {
 		t.Fatalf("view after complete %+v (a later answer must not move an earlier one)", v)
 	}
-	if _, err := str.Append(context.Background(), fields(payload(7, evSize)), nil); !errors.Is(err, buffer.ErrStreamEnded) {
+	if _, err := str.Append(context.Background(), Fields(Payload(7, EvSize)), nil); !errors.Is(err, buffer.ErrStreamEnded) {
 		t.Fatalf("Append after Complete: %v, want ErrStreamEnded", err)
 	}
 	r, err := str.Attach(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs, err := readAll(t, r)
+	evs, err := ReadAll(t, r)
 	if err != io.EOF {
 		t.Fatalf("end of complete stream: %v, want io.EOF", err)
 	}
-	checkSeqs(t, evs, 1, evSize)
+	CheckSeqs(t, evs, 1, EvSize)
 	if len(evs) != 6 {
 		t.Fatalf("got %d events", len(evs))
 	}
@@ -85,9 +85,9 @@ func testAppendReadComplete(t *testing.T, e *env) {
 // proxy's ID, then the upstream's fields, then the blank line; the epoch
 // verifies under the store's key.
 func testFraming(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	s := mustSession(t, st, "s.1*>") // IDs may hold what NATS subjects cannot
-	str := mustStream(t, s)
+	st := e.store(BigLimits())
+	s := MustSession(t, st, "s.1*>") // IDs may hold what NATS subjects cannot
+	str := MustStream(t, s)
 	if _, err := str.Append(context.Background(), []byte("event: message\ndata: {\"x\":1}\n"), nil); err != nil {
 		t.Fatal(err)
 	}
@@ -107,19 +107,18 @@ func testFraming(t *testing.T, e *env) {
 }
 
 func testReaderFollowsLive(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
+	_, str := e.stream(BigLimits(), 0)
 	r, err := str.Attach(1) // before the first event (priming position)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	got := async(func() []event { evs, _ := readUntil(t, r, 3); return evs })
+	got := Async(func() []Event { evs, _ := ReadUntil(t, r, 3); return evs })
 	time.Sleep(20 * time.Millisecond)
-	appendN(t, str, 3, evSize)
+	AppendN(t, str, 3, EvSize)
 	select {
 	case evs := <-got:
-		checkSeqs(t, evs, 1, evSize)
+		CheckSeqs(t, evs, 1, EvSize)
 		if len(evs) != 3 {
 			t.Fatalf("got %d events", len(evs))
 		}
@@ -143,45 +142,43 @@ func testReaderFollowsLive(t *testing.T, e *env) {
 // Read hands out at most about maxBytes, in runs of whole events, and at
 // least one event however small maxBytes is.
 func testReadBatches(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 9, evSize)
+	_, str := e.stream(BigLimits(), 9)
 	r, _ := str.Attach(1)
 	defer r.Close()
-	one := len("id: 12345678-1-1\n") + len("data: ") + evSize + 2
+	one := len("id: 12345678-1-1\n") + len("data: ") + EvSize + 2
 	ctx := context.Background()
-	evs, err := read(ctx, r, 3*one)
+	evs, err := Read(ctx, r, 3*one)
 	if err != nil || len(evs) < 1 || len(evs) > 3 {
 		t.Fatalf("read of 3 events' bytes: %d, %v", len(evs), err)
 	}
-	checkSeqs(t, evs, 1, evSize)
+	CheckSeqs(t, evs, 1, EvSize)
 	next := uint64(len(evs)) + 1
-	evs, _ = read(ctx, r, 1) // less than one event: still one
+	evs, _ = Read(ctx, r, 1) // less than one event: still one
 	if len(evs) != 1 {
 		t.Fatalf("read with maxBytes 1: %d events", len(evs))
 	}
-	checkSeqs(t, evs, next, evSize)
-	rest, err := readUntil(t, r, int(9-next))
+	CheckSeqs(t, evs, next, EvSize)
+	rest, err := ReadUntil(t, r, int(9-next))
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSeqs(t, rest, next+1, evSize)
+	CheckSeqs(t, rest, next+1, EvSize)
 }
 
 func testFailedStream(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"), "1", "2")
-	appendN(t, str, 2, evSize)
-	str.Fail(policy.ReasonUpstreamFailed, buffer.Signal{Fields: fields(payload(3, evSize)), Answers: []string{"1", "2"}})
+	st := e.store(BigLimits())
+	str := MustStream(t, MustSession(t, st, "s1"), "1", "2")
+	AppendN(t, str, 2, EvSize)
+	str.Fail(policy.ReasonUpstreamFailed, buffer.Signal{Fields: Fields(Payload(3, EvSize)), Answers: []string{"1", "2"}})
 	str.Fail(policy.ReasonStalled) // the first reason sticks
 	r, _ := str.Attach(1)
 	defer r.Close()
-	evs, err := readAll(t, r)
+	evs, err := ReadAll(t, r)
 	var fe *buffer.FailedError
-	if !errors.As(err, &fe) || fe.Reason != policy.ReasonUpstreamFailed {
+	if !errors.As(err, &fe) || fe.Reason != policy.ReasonUpstreamFailed || fe.Error() == "" {
 		t.Fatalf("end of failed stream: %v", err)
 	}
-	checkSeqs(t, evs, 1, evSize)
+	CheckSeqs(t, evs, 1, EvSize)
 	if len(evs) != 3 {
 		t.Fatalf("got %d events, want the 2 retained and the signal", len(evs))
 	}
@@ -203,7 +200,7 @@ func testFailedStream(t *testing.T, e *env) {
 // itself (the tap decides).
 func testTooLarge(t *testing.T, e *env) {
 	for _, bound := range []string{"stream", "session", "total"} {
-		lim := bigLimits()
+		lim := BigLimits()
 		switch bound {
 		case "stream":
 			lim.MaxStreamBytes = 4 << 10
@@ -213,8 +210,8 @@ func testTooLarge(t *testing.T, e *env) {
 			lim.MaxTotalBytes = 4 << 10
 		}
 		st := e.store(lim)
-		str := mustStream(t, mustSession(t, st, "s1"))
-		_, err := str.Append(context.Background(), fields(make([]byte, 8<<10)), nil)
+		str := MustStream(t, MustSession(t, st, "s1"))
+		_, err := str.Append(context.Background(), Fields(make([]byte, 8<<10)), nil)
 		var fe *buffer.FailedError
 		if !errors.As(err, &fe) || fe.Reason != policy.ReasonTooLarge {
 			t.Fatalf("%s: oversized Append: %v", bound, err)
@@ -222,7 +219,7 @@ func testTooLarge(t *testing.T, e *env) {
 		if str.View().State != policy.Live {
 			t.Fatalf("%s: the store fails nothing itself", bound)
 		}
-		appendN(t, str, 1, evSize) // smaller events go on
+		AppendN(t, str, 1, EvSize) // smaller events go on
 	}
 }
 
@@ -230,21 +227,21 @@ func testTooLarge(t *testing.T, e *env) {
 // get taken over and rejoin: every reader sees exactly the contiguous
 // events from where it attached.
 func testConcurrent(t *testing.T, e *env) {
-	st := e.store(bigLimits())
+	st := e.store(BigLimits())
 	const streams, events = 4, 120
 	var wg sync.WaitGroup
 	for i := 0; i < streams; i++ {
 		s, ok := st.Session(fmt.Sprintf("s%d", i/2))
 		if !ok {
-			s = mustSession(t, st, fmt.Sprintf("s%d", i/2))
+			s = MustSession(t, st, fmt.Sprintf("s%d", i/2))
 		}
-		str := mustStream(t, s)
+		str := MustStream(t, s)
 		name := fmt.Sprintf("stream%d", i)
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			for seq := uint64(1); seq <= events; seq++ {
-				got, err := str.Append(context.Background(), fields([]byte(fmt.Sprintf("%s#%d", name, seq))), nil)
+				got, err := str.Append(context.Background(), Fields([]byte(fmt.Sprintf("%s#%d", name, seq))), nil)
 				if err != nil || got != seq {
 					t.Errorf("%s: append %d = %d, %v", name, seq, got, err)
 					return
@@ -272,7 +269,7 @@ func testConcurrent(t *testing.T, e *env) {
 				want := from
 				n := 1 + rng.IntN(40)
 				for got := 0; got < n; {
-					evs, err := read(context.Background(), r, 1<<10)
+					evs, err := Read(context.Background(), r, 1<<10)
 					for _, ev := range evs {
 						if ev.Seq != want || string(ev.Data) != fmt.Sprintf("%s#%d", name, want) {
 							t.Errorf("%s: reader from %d got seq %d %q, want %d", name, from, ev.Seq, ev.Data, want)

@@ -19,16 +19,14 @@ var evictionContracts = []contract{
 const window = 600 * time.Millisecond
 
 func windowLimits() buffer.Limits {
-	lim := bigLimits()
+	lim := BigLimits()
 	lim.ResumeWindow = window
 	return lim
 }
 
 // Acknowledged events go at once, without waiting for a sweep.
 func testEvictAcked(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 5, evSize)
+	st, str := e.stream(BigLimits(), 5)
 	ack(t, str, 3)
 	if v := str.View(); v.Floor != 4 || v.Head != 5 {
 		t.Fatalf("view after ack(3): %+v", v)
@@ -40,8 +38,8 @@ func testEvictAcked(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs, _ := readUntil(t, r, 2)
-	checkSeqs(t, evs, 4, evSize)
+	evs, _ := ReadUntil(t, r, 2)
+	CheckSeqs(t, evs, 4, EvSize)
 	r.Close()
 	ack(t, str, 1)    // lower ack: nothing changes
 	ack(t, str, 1000) // beyond head: clamps
@@ -55,7 +53,7 @@ func testEvictAcked(t *testing.T, e *env) {
 		t.Fatalf("EventsEvicted = %d", n)
 	}
 	// Appends continue after the acknowledged position.
-	if seq := mustAppend(t, str, payload(6, evSize)); seq != 6 {
+	if seq := MustAppend(t, str, Payload(6, EvSize)); seq != 6 {
 		t.Fatalf("seq %d", seq)
 	}
 	if v := str.View(); v.Floor != 6 || v.Head != 6 {
@@ -63,18 +61,16 @@ func testEvictAcked(t *testing.T, e *env) {
 	}
 	r2, _ := str.Attach(6)
 	defer r2.Close()
-	evs, _ = readUntil(t, r2, 1)
-	checkSeqs(t, evs, 6, evSize)
+	evs, _ = ReadUntil(t, r2, 1)
+	CheckSeqs(t, evs, 6, EvSize)
 }
 
 // Delivered events go one window after their delivery; undelivered ones
 // never do, however long.
 func testEvictDeliveredAfterWindow(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 5, evSize)
+	st, str := e.stream(windowLimits(), 5)
 	r, _ := str.Attach(1)
-	readUntil(t, r, 5)
+	ReadUntil(t, r, 5)
 	r.Delivered(3) // only 1..3 were written and flushed
 	delivered := time.Now()
 	r.Close()
@@ -82,7 +78,7 @@ func testEvictDeliveredAfterWindow(t *testing.T, e *env) {
 	if v := str.View(); v.Floor != 1 && time.Since(delivered) < window {
 		t.Fatalf("delivered events evicted inside the window: %+v", v)
 	}
-	waitFor(t, "the window to release 1..3", func() bool { return floorOf(str) == 4 })
+	WaitFor(t, "the window to release 1..3", func() bool { return floorOf(str) == 4 })
 	if time.Since(delivered) < window {
 		t.Fatalf("evicted after %s, inside the window", time.Since(delivered))
 	}
@@ -95,14 +91,14 @@ func testEvictDeliveredAfterWindow(t *testing.T, e *env) {
 	}
 	// Delivered later: they go one window after that delivery.
 	r2, _ := str.Attach(4)
-	deliver(t, r2, 2)
+	Deliver(t, r2, 2)
 	delivered = time.Now()
 	r2.Close()
-	waitFor(t, "the second window", func() bool { return floorOf(str) == 6 })
+	WaitFor(t, "the second window", func() bool { return floorOf(str) == 6 })
 	if time.Since(delivered) < window {
 		t.Fatal("evicted early")
 	}
-	waitFor(t, "the bytes to go", func() bool { return st.Stats().RetainedBytes == 0 })
+	WaitFor(t, "the bytes to go", func() bool { return st.Stats().RetainedBytes == 0 })
 	if n := st.Counters().EventsEvicted.Load(); n != 5 {
 		t.Fatalf("EventsEvicted = %d", n)
 	}
@@ -112,36 +108,30 @@ func testEvictDeliveredAfterWindow(t *testing.T, e *env) {
 // window says: a reader attached at 1 over events an earlier connection
 // had been sent keeps them.
 func testAttachedReaderProtects(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 6, evSize)
-	first, _ := str.Attach(1)
-	deliver(t, first, 6)
-	first.Close()
+	_, str := e.stream(windowLimits(), 6)
+	DeliverAndClose(t, str, 6)
 	r, _ := str.Attach(1) // without an acknowledgement (what a repeated request did)
 	defer r.Close()
-	evs, err := read(t.Context(), r, 1)
+	evs, err := Read(t.Context(), r, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSeqs(t, evs, 1, evSize)
+	CheckSeqs(t, evs, 1, EvSize)
 	time.Sleep(3 * window)
 	if f := floorOf(str); f > 2 {
 		t.Fatalf("floor %d: only what the reader has passed may go", f)
 	}
-	evs, err = readUntil(t, r, 5)
+	evs, err = ReadUntil(t, r, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSeqs(t, evs, 2, evSize)
+	CheckSeqs(t, evs, 2, EvSize)
 }
 
 func testTakenOverDeliveryIgnored(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 3, evSize)
+	_, str := e.stream(windowLimits(), 3)
 	old, _ := str.Attach(1)
-	readUntil(t, old, 3)
+	ReadUntil(t, old, 3)
 	r, err := str.Attach(1)
 	if err != nil {
 		t.Fatal(err)
@@ -158,12 +148,8 @@ func testTakenOverDeliveryIgnored(t *testing.T, e *env) {
 // A client that resumes from 2 says 3..5 never arrived, whatever was
 // written to its earlier connection: they are undelivered again.
 func testAckResetsDelivery(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 5, evSize)
-	r, _ := str.Attach(1)
-	deliver(t, r, 5)
-	r.Close()
+	_, str := e.stream(windowLimits(), 5)
+	DeliverAndClose(t, str, 5)
 	time.Sleep(window / 2)
 	ack(t, str, 2)
 	if v := str.View(); v.Floor != 3 {
@@ -178,8 +164,8 @@ func testAckResetsDelivery(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs := deliver(t, r2, 3)
-	checkSeqs(t, evs, 3, evSize)
+	evs := Deliver(t, r2, 3)
+	CheckSeqs(t, evs, 3, EvSize)
 	r2.Close()
-	waitFor(t, "redelivered events to age out", func() bool { return floorOf(str) == 6 })
+	WaitFor(t, "redelivered events to age out", func() bool { return floorOf(str) == 6 })
 }

@@ -21,14 +21,12 @@ var readerContracts = []contract{
 }
 
 func testTakeover(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 4, evSize)
+	st, str := e.stream(BigLimits(), 4)
 	r1, _ := str.Attach(1)
-	evs, _ := readUntil(t, r1, 4)
-	checkSeqs(t, evs, 1, evSize)
-	waiting := async(func() error { // read to the end: it now waits for more
-		_, err := readUntil(t, r1, 100)
+	evs, _ := ReadUntil(t, r1, 4)
+	CheckSeqs(t, evs, 1, EvSize)
+	waiting := Async(func() error { // read to the end: it now waits for more
+		_, err := ReadUntil(t, r1, 100)
 		return err
 	})
 	time.Sleep(20 * time.Millisecond)
@@ -51,7 +49,7 @@ func testTakeover(t *testing.T, e *env) {
 		t.Fatal("old reader still blocked after takeover")
 	}
 	// Even with events available, the old reader gets nothing more.
-	appendN(t, str, 2, evSize)
+	AppendN(t, str, 2, EvSize)
 	if b, err := r1.Read(context.Background(), nil, 1<<20, time.Second); len(b.Data) != 0 || !errors.Is(err, buffer.ErrTakenOver) {
 		t.Fatalf("old reader read %d, %v", len(b.Data), err)
 	}
@@ -63,11 +61,11 @@ func testTakeover(t *testing.T, e *env) {
 	if c := st.Stats().Connected; c != 1 {
 		t.Fatalf("Connected = %d, want 1", c)
 	}
-	evs, err = readUntil(t, r2, 4)
+	evs, err = ReadUntil(t, r2, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSeqs(t, evs, 3, evSize)
+	CheckSeqs(t, evs, 3, EvSize)
 	r1.Close() // closing a taken-over reader must not detach the new one
 	if c := st.Stats().Connected; c != 1 || !str.Connected() {
 		t.Fatalf("Connected = %d after closing the old reader", c)
@@ -85,12 +83,8 @@ func testTakeover(t *testing.T, e *env) {
 // to a connection that died are undelivered by the acknowledgement before
 // the sweeper can take them, and the new reader holds the rest.
 func testResumeAtomic(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := mustStream(t, mustSession(t, st, "s"))
-	appendN(t, str, 5, evSize)
-	rd, _ := str.Attach(1)
-	deliver(t, rd, 5) // written to a connection that then died
-	rd.Close()
+	_, str := e.stream(windowLimits(), 5)
+	DeliverAndClose(t, str, 5) // written to a connection that then died
 	time.Sleep(window * 2 / 3)
 
 	var seen policy.StreamView
@@ -109,23 +103,19 @@ func testResumeAtomic(t *testing.T, e *env) {
 		t.Fatalf("acknowledged events 1..2 should be gone, floor %d", f)
 	}
 	time.Sleep(2 * window) // 3..5 were undelivered by the ack: they stay
-	evs, err := readUntil(t, r, 3)
+	evs, err := ReadUntil(t, r, 3)
 	if err != nil {
 		t.Fatalf("replay after the window: %v", err)
 	}
-	checkSeqs(t, evs, 3, evSize)
+	CheckSeqs(t, evs, 3, EvSize)
 }
 
 // A repeated request re-reads its stream from the start: Resume(0, ...)
 // undelivers everything, so nothing the reader still needs can go, however
 // long the replay to a slow client takes.
 func testResumeFromZero(t *testing.T, e *env) {
-	st := e.store(windowLimits())
-	str := mustStream(t, mustSession(t, st, "s"))
-	appendN(t, str, 4, evSize)
-	first, _ := str.Attach(1)
-	deliver(t, first, 4)
-	first.Close()
+	_, str := e.stream(windowLimits(), 4)
+	DeliverAndClose(t, str, 4)
 	_, r, err := str.Resume(0, func(v policy.StreamView) policy.Resume {
 		return policy.Resume{Kind: policy.Replay, From: 1}
 	})
@@ -135,20 +125,20 @@ func testResumeFromZero(t *testing.T, e *env) {
 	defer r.Close()
 	for seq := uint64(1); seq <= 4; seq++ {
 		time.Sleep(window / 2)
-		evs, err := read(context.Background(), r, 1)
+		evs, err := Read(context.Background(), r, 1)
 		if err != nil {
 			t.Fatalf("seq %d: %v", seq, err)
 		}
-		checkSeqs(t, evs, seq, evSize)
+		CheckSeqs(t, evs, seq, EvSize)
 		r.Delivered(seq)
 	}
 }
 
 func testResumeReject(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	sess := mustSession(t, st, "s")
-	str := mustStream(t, sess)
-	appendN(t, str, 3, evSize)
+	st := e.store(BigLimits())
+	sess := MustSession(t, st, "s")
+	str := MustStream(t, sess)
+	AppendN(t, str, 3, EvSize)
 	for _, tc := range []struct {
 		d     policy.Resume
 		floor uint64 // a rejected cursor acknowledges nothing; a gap's or an end's does
@@ -173,30 +163,28 @@ func testResumeReject(t *testing.T, e *env) {
 }
 
 func testAttachFromUndelivered(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	str := mustStream(t, mustSession(t, st, "s1"))
-	appendN(t, str, 5, evSize)
+	_, str := e.stream(BigLimits(), 5)
 	r, _ := str.Attach(buffer.FromUndelivered)
-	evs, _ := readUntil(t, r, 5)
-	checkSeqs(t, evs, 1, evSize)
+	evs, _ := ReadUntil(t, r, 5)
+	CheckSeqs(t, evs, 1, EvSize)
 	r.Delivered(3)
 	r2, _ := str.Attach(buffer.FromUndelivered) // a reconnect without Last-Event-ID
 	r.Close()
-	evs, _ = readUntil(t, r2, 2)
-	checkSeqs(t, evs, 4, evSize)
+	evs, _ = ReadUntil(t, r2, 2)
+	CheckSeqs(t, evs, 4, EvSize)
 	r2.Close()
 	ack(t, str, 4)
 	r3, _ := str.Attach(buffer.FromUndelivered)
 	defer r3.Close()
-	evs, _ = readUntil(t, r3, 1)
-	checkSeqs(t, evs, 5, evSize)
+	evs, _ = ReadUntil(t, r3, 1)
+	CheckSeqs(t, evs, 5, EvSize)
 }
 
 // The standalone stream is one log for the session's life: a failure (a
 // stall, an oversized event) puts its signal in and the stream goes on.
 func testStandaloneGoesOn(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	s := mustSession(t, st, "s1")
+	st := e.store(BigLimits())
+	s := MustSession(t, st, "s1")
 	g := s.Standalone()
 	if g.Num() != policy.StandaloneNum || g.Kind() != policy.StandaloneStream {
 		t.Fatalf("standalone stream %d %v", g.Num(), g.Kind())
@@ -204,16 +192,16 @@ func testStandaloneGoesOn(t *testing.T, e *env) {
 	if !g.ClaimProducer() {
 		t.Fatal("ClaimProducer")
 	}
-	appendN(t, g, 2, evSize)
-	g.Fail(policy.ReasonStalled, buffer.Signal{Fields: fields(payload(3, evSize))})
+	AppendN(t, g, 2, EvSize)
+	g.Fail(policy.ReasonStalled, buffer.Signal{Fields: Fields(Payload(3, EvSize))})
 	if v := g.View(); v.State != policy.Live || v.Head != 3 {
 		t.Fatalf("after a failure: %+v", v)
 	}
-	appendN(t, g, 2, evSize)
+	AppendN(t, g, 2, EvSize)
 	r, _ := g.Attach(1)
 	defer r.Close()
-	evs, _ := readUntil(t, r, 5)
-	checkSeqs(t, evs, 1, evSize)
+	evs, _ := ReadUntil(t, r, 5)
+	CheckSeqs(t, evs, 1, EvSize)
 	if n := st.Counters().FailedStreams()[policy.ReasonStalled]; n != 1 {
 		t.Fatalf("FailedStreams[stalled] = %d", n)
 	}
@@ -221,23 +209,23 @@ func testStandaloneGoesOn(t *testing.T, e *env) {
 }
 
 func testStandaloneProducerGone(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	g := mustSession(t, st, "s1").Standalone()
+	st := e.store(BigLimits())
+	g := MustSession(t, st, "s1").Standalone()
 	if !g.ClaimProducer() || g.ClaimProducer() {
 		t.Fatal("ClaimProducer must succeed once")
 	}
 	if st.Stats().Producing != 1 {
 		t.Fatal("Producing gauge")
 	}
-	appendN(t, g, 2, evSize)
+	AppendN(t, g, 2, EvSize)
 	r, _ := g.Attach(1)
 	defer r.Close()
-	evs, err := readUntil(t, r, 2)
+	evs, err := ReadUntil(t, r, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSeqs(t, evs, 1, evSize)
-	ended := async(func() error { _, err := readAll(t, r); return err })
+	CheckSeqs(t, evs, 1, EvSize)
+	ended := Async(func() error { _, err := ReadAll(t, r); return err })
 	time.Sleep(50 * time.Millisecond)
 	g.ReleaseProducer() // the upstream GET ended: a caught-up reader ends too
 	if err := <-ended; !errors.Is(err, buffer.ErrProducerGone) {
@@ -246,7 +234,7 @@ func testStandaloneProducerGone(t *testing.T, e *env) {
 	// A reader behind the head still gets the retained events first.
 	r2, _ := g.Attach(1)
 	defer r2.Close()
-	evs, err = readAll(t, r2)
+	evs, err = ReadAll(t, r2)
 	if len(evs) != 2 || !errors.Is(err, buffer.ErrProducerGone) {
 		t.Fatalf("behind reader: %d events, %v", len(evs), err)
 	}

@@ -23,15 +23,15 @@ var sessionContracts = []contract{
 }
 
 func testLimits(t *testing.T, e *env) {
-	lim := bigLimits()
+	lim := BigLimits()
 	lim.MaxSessions = 2
 	lim.MaxStreamsPerSession = 2
 	st := e.store(lim)
-	s := mustSession(t, st, "s1")
+	s := MustSession(t, st, "s1")
 	if _, err := st.CreateSession("s1", buffer.SessionMeta{}); !errors.Is(err, buffer.ErrSessionExists) {
 		t.Fatalf("duplicate session: %v", err)
 	}
-	mustSession(t, st, "s2")
+	MustSession(t, st, "s2")
 	if st.Admit(policy.Initialized) {
 		t.Fatal("Admit with max_sessions held")
 	}
@@ -45,8 +45,8 @@ func testLimits(t *testing.T, e *env) {
 	if len(s.Info().Streams) != 0 {
 		t.Fatal("a standalone stream no one used is not shown")
 	}
-	p := mustStream(t, s)
-	mustStream(t, s)
+	p := MustStream(t, s)
+	MustStream(t, s)
 	if p.Num() != 1 || s.NextStream() != 3 {
 		t.Fatalf("request streams number from 1: %d, next %d", p.Num(), s.NextStream())
 	}
@@ -58,7 +58,7 @@ func testLimits(t *testing.T, e *env) {
 	}
 	// Only live request streams count: a complete one frees its slot at
 	// once, even while it still holds events (the byte bounds cover those).
-	appendN(t, p, 1, evSize)
+	AppendN(t, p, 1, EvSize)
 	p.Complete()
 	if !s.AdmitStream() {
 		t.Fatal("the complete stream still counts")
@@ -92,7 +92,7 @@ func testLimits(t *testing.T, e *env) {
 // Sessions adopted on a POST alone have their own quarter of max_sessions:
 // made-up session IDs can neither lock initialize out nor take more.
 func testAdoptedShare(t *testing.T, e *env) {
-	lim := bigLimits()
+	lim := BigLimits()
 	lim.MaxSessions = 8
 	st := e.store(lim)
 	for i := 0; i < 2; i++ {
@@ -130,7 +130,7 @@ func testAdoptedShare(t *testing.T, e *env) {
 }
 
 func testDeleteSession(t *testing.T, e *env) {
-	st := e.store(bigLimits())
+	st := e.store(BigLimits())
 	meta := buffer.SessionMeta{Version: "2025-11-25", Fingerprint: [32]byte{9, 9}, BindHeaders: []string{"Authorization"}}
 	s, err := st.CreateSession("s1", meta)
 	if err != nil {
@@ -142,11 +142,11 @@ func testDeleteSession(t *testing.T, e *env) {
 	if got, ok := st.Session("s1"); !ok || got.Epoch() != s.Epoch() {
 		t.Fatal("Session(s1)")
 	}
-	a, b := mustStream(t, s, "1"), mustStream(t, s, "2")
-	appendN(t, a, 4, evSize)
-	appendN(t, b, 3, evSize)
-	keep := mustStream(t, mustSession(t, st, "s2"))
-	appendN(t, keep, 2, evSize)
+	a, b := MustStream(t, s, "1"), MustStream(t, s, "2")
+	AppendN(t, a, 4, EvSize)
+	AppendN(t, b, 3, EvSize)
+	keep := MustStream(t, MustSession(t, st, "s2"))
+	AppendN(t, keep, 2, EvSize)
 	r, _ := a.Attach(1)
 	if !st.Delete("s1", policy.ReasonDeleted) {
 		t.Fatal("Delete = false")
@@ -193,7 +193,7 @@ func testDeleteSession(t *testing.T, e *env) {
 	// A new session under the same ID consumes the tombstone: what it knew
 	// becomes the new incarnation's past, under a new epoch minted for the
 	// same session ID.
-	s1b := mustSession(t, st, "s1")
+	s1b := MustSession(t, st, "s1")
 	if _, ok := st.Tombstone("s1"); ok {
 		t.Fatal("tombstone survived re-creation")
 	}
@@ -204,12 +204,12 @@ func testDeleteSession(t *testing.T, e *env) {
 	if !ok || past.Reason != policy.ReasonDeleted || len(past.Streams) != 2 {
 		t.Fatalf("past %+v %v", past, ok)
 	}
-	if str := mustStream(t, s1b); str.Num() != 1 || str.View().Head != 0 {
+	if str := MustStream(t, s1b); str.Num() != 1 || str.View().Head != 0 {
 		t.Fatalf("the new incarnation's first stream: %d %+v", str.Num(), str.View())
 	}
 	st.Delete("s2", policy.ReasonDeleted)
 	st.Delete("s1", policy.ReasonPurged)
-	waitFor(t, "everything to go", func() bool {
+	WaitFor(t, "everything to go", func() bool {
 		s := st.Stats()
 		return s.RetainedBytes == 0 && s.Sessions == 0 && s.Tombstones == 2
 	})
@@ -222,18 +222,18 @@ func testDeleteSession(t *testing.T, e *env) {
 
 func testIdleExpiry(t *testing.T, e *env) {
 	const idle = 500 * time.Millisecond
-	lim := bigLimits()
+	lim := BigLimits()
 	lim.SessionIdleTimeout = idle
 	st := e.store(lim)
-	idleS := mustSession(t, st, "idle")
-	appendN(t, mustStream(t, idleS), 3, evSize)
-	touched := mustSession(t, st, "touched")
-	connected := mustSession(t, st, "connected")
-	r, _ := mustStream(t, connected).Attach(1)
+	idleS := MustSession(t, st, "idle")
+	AppendN(t, MustStream(t, idleS), 3, EvSize)
+	touched := MustSession(t, st, "touched")
+	connected := MustSession(t, st, "connected")
+	r, _ := MustStream(t, connected).Attach(1)
 	start := time.Now()
 
 	stop := make(chan struct{})
-	done := async(func() bool {
+	done := Async(func() bool {
 		for {
 			select {
 			case <-stop:
@@ -243,7 +243,7 @@ func testIdleExpiry(t *testing.T, e *env) {
 			}
 		}
 	})
-	waitFor(t, "the idle session to expire", func() bool { _, ok := st.Session("idle"); return !ok })
+	WaitFor(t, "the idle session to expire", func() bool { _, ok := st.Session("idle"); return !ok })
 	if time.Since(start) < idle {
 		t.Fatalf("expired after %s, before its idle timeout", time.Since(start))
 	}
@@ -262,11 +262,11 @@ func testIdleExpiry(t *testing.T, e *env) {
 	// Once the client leaves, the idle clock starts from then.
 	r.Close()
 	left := time.Now()
-	waitFor(t, "the disconnected session to expire", func() bool { _, ok := st.Session("connected"); return !ok })
+	WaitFor(t, "the disconnected session to expire", func() bool { _, ok := st.Session("connected"); return !ok })
 	if time.Since(left) < idle {
 		t.Fatal("expired before its idle timeout after disconnect")
 	}
-	waitFor(t, "the session no longer touched to expire", func() bool { _, ok := st.Session("touched"); return !ok })
+	WaitFor(t, "the session no longer touched to expire", func() bool { _, ok := st.Session("touched"); return !ok })
 	if s := st.Stats(); s.Sessions != 0 || s.RetainedBytes != 0 {
 		t.Fatalf("stats %+v", s)
 	}
@@ -277,17 +277,15 @@ func testIdleExpiry(t *testing.T, e *env) {
 // short calls keeps a bounded number of records.
 func testEndedStreamsRetire(t *testing.T, e *env) {
 	st := e.store(windowLimits())
-	s := mustSession(t, st, "s1")
+	s := MustSession(t, st, "s1")
 	const calls = buffer.EndedStreamsKept + 6
 	for i := 0; i < calls; i++ {
-		str := mustStream(t, s, fmt.Sprint(i))
-		if _, err := str.Append(context.Background(), fields(payload(1, evSize)), []string{fmt.Sprint(i)}); err != nil {
+		str := MustStream(t, s, fmt.Sprint(i))
+		if _, err := str.Append(context.Background(), Fields(Payload(1, EvSize)), []string{fmt.Sprint(i)}); err != nil {
 			t.Fatal(err)
 		}
 		str.Complete()
-		r, _ := str.Attach(1)
-		deliver(t, r, 1)
-		r.Close()
+		DeliverAndClose(t, str, 1)
 	}
 	held := func() int {
 		n := 0
@@ -298,7 +296,7 @@ func testEndedStreamsRetire(t *testing.T, e *env) {
 		}
 		return n
 	}
-	waitFor(t, "ended streams to retire", func() bool { return held() == buffer.EndedStreamsKept })
+	WaitFor(t, "ended streams to retire", func() bool { return held() == buffer.EndedStreamsKept })
 	time.Sleep(3 * window)
 	if n := held(); n != buffer.EndedStreamsKept {
 		t.Fatalf("%d stream records held after %d calls, want %d", n, calls, buffer.EndedStreamsKept)
@@ -312,12 +310,12 @@ func testEndedStreamsRetire(t *testing.T, e *env) {
 	if s.NextStream() != calls+1 {
 		t.Fatal("retiring must not reuse stream numbers")
 	}
-	waitFor(t, "the bytes to go", func() bool { return st.Stats().RetainedBytes == 0 })
+	WaitFor(t, "the bytes to go", func() bool { return st.Stats().RetainedBytes == 0 })
 }
 
 func testLookups(t *testing.T, e *env) {
-	st := e.store(bigLimits())
-	s := mustSession(t, st, "s1")
+	st := e.store(BigLimits())
+	s := MustSession(t, st, "s1")
 	a, err := s.NewStream([]string{"1"}, [32]byte{1})
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,8 @@
 // Package storetest is the contract of buffer.Store, as tests any store
 // must pass through the interfaces alone: buffer's MemoryStore and the
 // JetStream store alike. Time is real and windows are short, so the suite
-// runs against stores whose clocks cannot be faked.
+// runs against stores whose clocks cannot be faked. Its helpers (kit.go)
+// serve a store's own tests too.
 package storetest
 
 import (

@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 type config struct {
@@ -282,7 +283,7 @@ func (b *bench) start() (err error) {
 	upstream := b.fromLoad.Text()
 	var ports [4]int // admin, mcp_resume, plain, https
 	for i := range ports {
-		if ports[i], err = mcptest.FreePort(); err != nil {
+		if ports[i], err = testnet.FreePort(); err != nil {
 			return err
 		}
 	}

@@ -131,6 +131,13 @@ func Append(dst []byte, epoch string, stream uint32, seq uint64) []byte {
 	return strconv.AppendUint(dst, seq, 10)
 }
 
+// Len is the length of the ID Append writes for an epoch of epochLen
+// bytes, stream and seq, without writing it.
+func Len(epochLen int, stream uint32, seq uint64) int {
+	var b [20]byte
+	return epochLen + 1 + len(strconv.AppendUint(b[:0], uint64(stream), 10)) + 1 + len(strconv.AppendUint(b[:0], seq, 10))
+}
+
 // Parse parses a canonical ID.
 func Parse(s string) (ID, error) {
 	if len(s) > MaxLen || len(s) < EpochLen+4 || s[EpochLen] != '-' || !ValidEpoch(s[:EpochLen]) {

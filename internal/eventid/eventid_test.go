@@ -98,6 +98,16 @@ func TestMaxLenIsReachable(t *testing.T) {
 	}
 }
 
+func TestLen(t *testing.T) {
+	for _, stream := range []uint32{0, 1, 9, 10, 99, 100, math.MaxUint32} {
+		for _, seq := range []uint64{0, 1, 9, 10, 12345, math.MaxUint64} {
+			if got, want := Len(EpochLen, stream, seq), len(Append(nil, "abcdefgh", stream, seq)); got != want {
+				t.Fatalf("Len(%d, %d) = %d, Append wrote %d bytes", stream, seq, got, want)
+			}
+		}
+	}
+}
+
 func TestNewEpoch(t *testing.T) {
 	key := []byte("zone key")
 	seen := make(map[string]bool)

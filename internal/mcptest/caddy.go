@@ -129,16 +129,6 @@ func ProxyRoute(upstream string) string {
 	}`, upstream)
 }
 
-// FreePort returns a loopback TCP port that was free a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func waitListening(port int, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {

@@ -3,7 +3,6 @@ package mcptest
 import (
 	"io"
 	"net"
-	"sync"
 	"sync/atomic"
 )
 
@@ -16,8 +15,7 @@ type Relay struct {
 	targets  atomic.Pointer[[]string]
 	next     atomic.Uint64
 	accepted atomic.Int64
-	mu       sync.Mutex
-	conns    map[net.Conn]bool
+	conns    connSet
 }
 
 // NewRelay listens on a loopback port and forwards to target (host:port).
@@ -26,7 +24,7 @@ func NewRelay(target string) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Relay{ln: ln, conns: make(map[net.Conn]bool)}
+	r := &Relay{ln: ln}
 	r.SetTarget(target)
 	go r.serve()
 	return r, nil
@@ -55,17 +53,9 @@ func (r *Relay) serve() {
 			c.Close()
 			continue
 		}
-		r.track(c, up)
+		r.conns.add(c, up)
 		go r.pipe(c, up)
 		go r.pipe(up, c)
-	}
-}
-
-func (r *Relay) track(cs ...net.Conn) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, c := range cs {
-		r.conns[c] = true
 	}
 }
 
@@ -73,30 +63,12 @@ func (r *Relay) pipe(dst, src net.Conn) {
 	io.Copy(dst, src)
 	dst.Close()
 	src.Close()
-	r.mu.Lock()
-	delete(r.conns, dst)
-	delete(r.conns, src)
-	r.mu.Unlock()
+	r.conns.remove(dst, src)
 }
 
 // Cut closes every relayed connection (with reset, as an RST), and returns
 // how many it closed; new connections are still relayed.
-func (r *Relay) Cut(reset bool) int {
-	r.mu.Lock()
-	conns := make([]net.Conn, 0, len(r.conns))
-	for c := range r.conns {
-		conns = append(conns, c)
-	}
-	r.conns = make(map[net.Conn]bool)
-	r.mu.Unlock()
-	for _, c := range conns {
-		if tc, ok := c.(*net.TCPConn); ok && reset {
-			tc.SetLinger(0)
-		}
-		c.Close()
-	}
-	return len(conns)
-}
+func (r *Relay) Cut(reset bool) int { return r.conns.cut(reset) }
 
 // Close stops the relay and cuts what it relays.
 func (r *Relay) Close() error {

@@ -12,8 +12,7 @@ import (
 // as a flaky network, a load balancer or a Wi-Fi switch would.
 type CuttableTransport struct {
 	*http.Transport
-	mu    sync.Mutex
-	conns map[net.Conn]bool
+	conns connSet
 }
 
 // NewCuttableTransport returns a transport that dials loopback for real,
@@ -21,7 +20,7 @@ type CuttableTransport struct {
 // connecting so the advertised window follows it; 0 leaves the kernel's
 // autotuning alone).
 func NewCuttableTransport(rcvbuf int) *CuttableTransport {
-	ct := &CuttableTransport{conns: make(map[net.Conn]bool)}
+	ct := &CuttableTransport{}
 	d := &net.Dialer{}
 	if rcvbuf > 0 {
 		d.Control = func(_, _ string, rc syscall.RawConn) error {
@@ -41,9 +40,7 @@ func NewCuttableTransport(rcvbuf int) *CuttableTransport {
 			if err != nil {
 				return nil, err
 			}
-			ct.mu.Lock()
-			ct.conns[c] = true
-			ct.mu.Unlock()
+			ct.conns.add(c)
 			return &trackedConn{Conn: c, ct: ct}, nil
 		},
 		DisableCompression: true,
@@ -57,38 +54,17 @@ type trackedConn struct {
 }
 
 func (c *trackedConn) Close() error {
-	c.ct.mu.Lock()
-	delete(c.ct.conns, c.Conn)
-	c.ct.mu.Unlock()
+	c.ct.conns.remove(c.Conn)
 	return c.Conn.Close()
 }
 
 // Cut closes every open connection: with reset, as an RST (SO_LINGER 0), else
 // as a clean FIN. The client sees its streams break and reconnects. It
 // returns how many it closed.
-func (ct *CuttableTransport) Cut(reset bool) int {
-	ct.mu.Lock()
-	conns := make([]net.Conn, 0, len(ct.conns))
-	for c := range ct.conns {
-		conns = append(conns, c)
-		delete(ct.conns, c)
-	}
-	ct.mu.Unlock()
-	for _, c := range conns {
-		if tc, ok := c.(*net.TCPConn); ok && reset {
-			tc.SetLinger(0)
-		}
-		c.Close()
-	}
-	return len(conns)
-}
+func (ct *CuttableTransport) Cut(reset bool) int { return ct.conns.cut(reset) }
 
 // Open returns the number of open connections.
-func (ct *CuttableTransport) Open() int {
-	ct.mu.Lock()
-	defer ct.mu.Unlock()
-	return len(ct.conns)
-}
+func (ct *CuttableTransport) Open() int { return ct.conns.len() }
 
 // GatedTransport passes requests to Next unless it is held: then new
 // requests wait (as behind a network that is down) until Release or their

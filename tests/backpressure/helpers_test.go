@@ -26,6 +26,15 @@ func newFlood() *mcptest.Upstream {
 	return &mcptest.Upstream{Version: "2025-06-18", FlushEach: true, KeepCalls: true}
 }
 
+// floodProxy is a Caddy with the resume options conf in front of a flood
+// upstream whose connections get send buffers of sndbuf bytes (0: the
+// kernel's).
+func floodProxy(t *testing.T, sndbuf int, conf string) (*mcptest.Upstream, *harness.Caddy) {
+	t.Helper()
+	f := newFlood()
+	return f, harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandlerSndbuf(t, f, sndbuf), conf))
+}
+
 // floodArgs asks for n progress events of exactly eventSize bytes on the
 // wire (the sizes in these tests are the upstream's bytes, framing included).
 func floodArgs(n, eventSize int) mcptest.StreamArgs {
@@ -95,6 +104,18 @@ type client struct {
 func newClient(base, version string) *client {
 	ct := mcptest.NewCuttableTransport(0)
 	return &client{Client: mcptest.NewClient(base, version, &http.Client{Transport: ct}), ct: ct}
+}
+
+// session is a client of c whose session is initialized; it is closed when
+// the test ends.
+func session(t *testing.T, c *harness.Caddy) *client {
+	t.Helper()
+	cl := newClient(c.Base(), "2025-06-18")
+	t.Cleanup(cl.close)
+	if err := cl.initialize(); err != nil {
+		t.Fatal(err)
+	}
+	return cl
 }
 
 func (c *client) close() { c.ct.CloseIdleConnections(); c.ct.Cut(false) }

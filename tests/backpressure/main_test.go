@@ -14,3 +14,6 @@ import (
 )
 
 func TestMain(m *testing.M) { harness.MainBothStores(m) }
+
+// heapVersusRetained is why the heap tests run with the memory store only.
+const heapVersusRetained = "it measures the process heap against retained_bytes; the JetStream store keeps events in JetStream (here an embedded server in the same heap), bounded by JetStream's max_bytes"

@@ -18,17 +18,12 @@ import (
 // to 2s): its stream is slowed to max_stream_bytes per resume_window while
 // the window holds the room, but it is never stalled.
 func TestAFastReaderIsNeverFailed(t *testing.T) {
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
+	_, c := floodProxy(t, 0, `
 			resume_window 2s
 			stall_timeout 2s
 			max_stream_bytes 64KiB
-			max_session_bytes 64KiB`))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+			max_session_bytes 64KiB`)
+	cl := session(t, c)
 	const n = 1000
 	s, err := cl.call(1, "flood", floodArgs(n, 200), 10*time.Second)
 	if err != nil {
@@ -55,18 +50,20 @@ func TestAFastReaderIsNeverFailed(t *testing.T) {
 // sessions start chatty calls and hang up, filling what streams without a
 // client may hold; an unrelated client's call still gets every event.
 func TestTheReserveServesConnectedClients(t *testing.T) {
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
+	f, c := floodProxy(t, 0, `
 			max_total_bytes 1MiB
 			max_session_bytes 128KiB
 			max_stream_bytes 128KiB
-			stall_timeout 1m`))
+			stall_timeout 1m`)
+	f.Hold("flood")
 	for i := 0; i < 8; i++ {
 		cl := newClient(c.Base(), "2025-06-18")
 		if err := cl.initialize(); err != nil {
 			t.Fatal(err)
 		}
-		s, err := cl.call(1, "flood", floodArgs(100000, 200), 10*time.Second)
+		args := floodArgs(100000, 200)
+		args.Pre, args.Hold = 1, "flood" // the rest once every client has left
+		s, err := cl.call(1, "flood", args, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,15 +71,24 @@ func TestTheReserveServesConnectedClients(t *testing.T) {
 		s.close() // hang up
 		defer cl.close()
 	}
+	harness.WaitFor(t, 10*time.Second, "the clients to be gone", func() bool {
+		ss, _ := c.Sessions()
+		gone := 0
+		for _, se := range ss {
+			for _, st := range se.Streams {
+				if st.Kind == "request" && st.Head >= 1 && !st.Connected {
+					gone++
+				}
+			}
+		}
+		return gone == 8
+	})
+	f.Release("flood")
 	harness.WaitFor(t, 20*time.Second, "the hung-up sessions to fill what they may", func() bool {
 		m, _ := c.Metrics()
 		return m.Series["caddy_mcp_resume_stalled_streams"] == 8
 	})
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+	cl := session(t, c)
 	s, err := cl.call(2, "flood", floodArgs(5, 200), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -111,12 +117,17 @@ func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
 			stall_timeout %s`, stall)
 	}
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, opts("5s")))
+	// The floods wait until every session is open, so all 100 stall at
+	// about the same time, well within the 5s (however loaded the machine).
+	f.Hold("flood")
 	err := mcptest.Parallel(100, 8, func(i int) error {
 		cl := newClient(c.Base(), "2025-06-18")
 		if err := cl.initialize(); err != nil {
 			return err
 		}
-		s, err := cl.call(1, "flood", floodArgs(10000, 200), 10*time.Second)
+		args := floodArgs(1000, 200) // 200 KB: over the bound, little in socket buffers
+		args.Pre, args.Hold = 1, "flood"
+		s, err := cl.call(1, "flood", args, 10*time.Second)
 		if err != nil {
 			return err
 		}
@@ -127,7 +138,8 @@ func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	harness.WaitFor(t, 20*time.Second, "100 stalled streams", func() bool {
+	f.Release("flood")
+	harness.WaitFor(t, 5*time.Second, "100 stalled streams", func() bool {
 		m, _ := c.Metrics()
 		return m.Series["caddy_mcp_resume_stalled_streams"] == 100
 	})
@@ -155,17 +167,13 @@ func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
 // streams that cycle many small events within the window, acknowledged up
 // to head-1, leave no memory behind that the bounds do not see.
 func TestRetainedBytesTrackTheHeap(t *testing.T) {
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
+	harness.MemoryStoreOnly(t, heapVersusRetained)
+	_, c := floodProxy(t, 0, `
 			resume_window 10m
 			max_stream_bytes 32MiB
 			max_session_bytes 64MiB
-			max_total_bytes 64MiB`))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+			max_total_bytes 64MiB`)
+	cl := session(t, c)
 	base := mcptest.SettledHeap()
 	const n = 100000
 	for cycle := 1; cycle <= 5; cycle++ {
@@ -231,10 +239,11 @@ func TestIdleStreamsGiveLargeBuffersBack(t *testing.T) {
 		s.close()
 		cl.close()
 	}
-	m, _ := c.Metrics()
-	if v := m.Series["caddy_mcp_resume_detached_upstreams"]; v != 6 {
-		t.Fatalf("detached_upstreams = %v, want the 6 upstream GETs still read", v)
-	}
+	// The relays notice their clients left as they do (not at once).
+	harness.WaitFor(t, 10*time.Second, "the 6 upstream GETs to be read with no client", func() bool {
+		m, _ := c.Metrics()
+		return m.Series["caddy_mcp_resume_detached_upstreams"] == 6
+	})
 	harness.WaitFor(t, 10*time.Second, "the events to leave their logs", func() bool {
 		m, _ := c.Metrics()
 		return m.Series["caddy_mcp_resume_retained_bytes"] == 0
@@ -266,11 +275,7 @@ func TestMaxEventBytesIsOneSize(t *testing.T) {
 			max_stream_bytes 8192
 			max_event_bytes 8000
 			resume_window 1s`))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+	cl := session(t, c)
 	limit := func() float64 {
 		m, _ := c.Metrics()
 		return m.Series[`caddy_mcp_resume_limit_rejections_total{limit="max_event_bytes"}`]
@@ -308,18 +313,16 @@ func TestMaxEventBytesIsOneSize(t *testing.T) {
 // while the repeat still replays them to a slow client. The replay is a
 // resume from 0, and an attached reader protects what it has yet to read.
 func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), `
-			resume_window 1s
+	// The window (4s) must outlast the first read (a second or so, more
+	// under -race on a loaded machine) and be shorter than the slow repeat
+	// (10s).
+	_, c := floodProxy(t, 0, `
+			resume_window 4s
 			max_stream_bytes 64MiB
 			max_session_bytes 64MiB
-			max_total_bytes 128MiB`))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
-	const n = 40000
+			max_total_bytes 128MiB`)
+	cl := session(t, c)
+	const n = 20000
 	s, err := cl.call(1, "flood", floodArgs(n, 120), 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -343,8 +346,8 @@ func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
 		if err := again.take(ev, 1); err != nil {
 			t.Fatal(err)
 		}
-		if again.progress%2000 == 0 {
-			time.Sleep(100 * time.Millisecond) // 2 s in all: twice the window
+		if again.progress%1000 == 0 {
+			time.Sleep(500 * time.Millisecond) // 10 s in all: over twice the window
 		}
 	}
 	s.close()
@@ -364,13 +367,8 @@ func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
 // their events are gone, so its memory, its admin view and the work per
 // request stay bounded.
 func TestEndedStreamsLeaveTheSession(t *testing.T) {
-	f := newFlood()
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, f), "resume_window 200ms"))
-	cl := newClient(c.Base(), "2025-06-18")
-	defer cl.close()
-	if err := cl.initialize(); err != nil {
-		t.Fatal(err)
-	}
+	_, c := floodProxy(t, 0, "resume_window 200ms")
+	cl := session(t, c)
 	const calls = 1500
 	for i := 1; i <= calls; i++ {
 		s, err := cl.call(i, "flood", floodArgs(1, 120), 10*time.Second)

@@ -19,6 +19,7 @@ import (
 // exactly once, slow ones meet backpressure, and the vanished ones hold their
 // upstreams stalled instead of buffering them.
 func TestManySessionsBoundedMemory(t *testing.T) {
+	harness.MemoryStoreOnly(t, heapVersusRetained)
 	const (
 		perKind   = 80 // fast, slow, vanished: 240 sessions
 		eventSize = 1024
@@ -43,16 +44,14 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 		// sessions alone would add 160 MiB.
 		perSessionOverhead = 288 << 10
 	)
-	f := newFlood()
-	up := harness.StartHandlerSndbuf(t, f, 16<<10)
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, `
+	f, c := floodProxy(t, 16<<10, `
 			max_stream_bytes 128KiB
 			max_session_bytes 256KiB
 			max_total_bytes 16MiB
 			max_event_bytes 32KiB
 			max_sessions 1000
 			resume_window 1s
-			stall_timeout 60s`))
+			stall_timeout 60s`)
 
 	type kind int
 	const (
@@ -294,6 +293,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 // framing) exactly 28672 B, a Go size class, so allocator rounding (up to
 // 12.5% on top of retained_bytes for other sizes) does not blur the result.
 func TestSlowConsumerRelayMemory(t *testing.T) {
+	harness.MemoryStoreOnly(t, heapVersusRetained)
 	const (
 		sessions  = 16
 		eventSize = 28672 - 17
@@ -309,22 +309,16 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 		perSession   = 9*(4<<10) + 32<<10 + 2*maxEvent + eventSize + 16<<10
 		processFixed = 4 << 20
 	)
-	f := newFlood()
-	up := harness.StartHandlerSndbuf(t, f, 16<<10)
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, `
+	_, c := floodProxy(t, 16<<10, `
 			max_stream_bytes 1MiB
 			max_session_bytes 1MiB
 			max_total_bytes 16MiB
 			max_event_bytes 64KiB
 			resume_window 1s
-			stall_timeout 60s`))
+			stall_timeout 60s`)
 	clients := make([]*client, sessions)
 	for i := range clients {
-		clients[i] = newClient(c.Base(), "2025-06-18")
-		defer clients[i].close()
-		if err := clients[i].initialize(); err != nil {
-			t.Fatal(err)
-		}
+		clients[i] = session(t, c)
 	}
 	baseline := mcptest.SettledHeap()
 	stop := make(chan struct{})

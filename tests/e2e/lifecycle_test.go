@@ -18,8 +18,7 @@ import (
 // re-initialize (the proxy never invents a session the upstream lost).
 func TestDeletePurgesTheSession(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "")
-	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
-	rc.Initialize()
+	rc := harness.NewSession(t, c.Base(), "2025-06-18")
 	ids := startCut(t, rc, 1, 3, 1, 10)
 	if n := len(adminSessions(t, c)); n != 1 {
 		t.Fatalf("%d sessions before DELETE", n)
@@ -47,8 +46,7 @@ func TestDeletePurgesTheSession(t *testing.T) {
 // a 400, or another stream's events.
 func TestIdleSessionExpiresWithAGap(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "session_idle_timeout 1s")
-	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
-	rc.Initialize()
+	rc := harness.NewSession(t, c.Base(), "2025-06-18")
 	ids := startCut(t, rc, 1, 100, 1, 100) // a 10 s tool, left running
 	harness.WaitFor(t, 10*time.Second, "the idle session to expire", func() bool { return len(adminSessions(t, c)) == 0 })
 	resp := rc.Resume(ids[0])

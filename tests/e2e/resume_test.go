@@ -32,8 +32,7 @@ func TestPrimingOnlyFor20251125(t *testing.T) {
 		primed  bool
 	}{{"2025-11-25", true}, {"2025-06-18", false}, {"2025-03-26", false}} {
 		t.Run(tc.version, func(t *testing.T) {
-			rc := harness.NewRawClient(t, c.Base(), tc.version)
-			rc.Initialize()
+			rc := harness.NewSession(t, c.Base(), tc.version)
 			resp := rc.Call(1, "count", map[string]any{"n": 2, "interval_ms": 10})
 			defer resp.Body.Close()
 			if cc := resp.Header.Get("Cache-Control"); !strings.Contains(cc, "no-cache") || resp.Header.Get("X-Accel-Buffering") != "no" {
@@ -77,8 +76,7 @@ func startCut(t *testing.T, rc *harness.RawClient, id, n, k, intervalMS int) []s
 
 func TestResumeDecisions(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "resume_window 300ms")
-	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
-	rc.Initialize()
+	rc := harness.NewSession(t, c.Base(), "2025-06-18")
 
 	t.Run("replay the missed suffix then the result", func(t *testing.T) {
 		ids := startCut(t, rc, 1, 6, 2, 100)
@@ -254,8 +252,7 @@ func assertJSONRPCError(t *testing.T, resp *http.Response, status int) {
 func TestResumeAfterProxyRestartIsAGap(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
-	rc := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	rc.Initialize()
+	rc := harness.NewSession(t, c.Base(), "2025-11-25")
 	get := rc.Request("GET", "", nil)
 	standaloneID := harness.ReadEvents(t, get, 1)[0].ID // its priming event
 	get.Body.Close()
@@ -320,8 +317,7 @@ func TestResumeAfterProxyRestartIsAGap(t *testing.T) {
 // pool that outlives the config, and the detached upstream read carries on.
 func TestReloadMidStreamLosesNothing(t *testing.T) {
 	c, upstream := proxyFor(t, demoserver.Options{}, "")
-	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
-	rc.Initialize()
+	rc := harness.NewSession(t, c.Base(), "2025-06-18")
 	resp := rc.Call(1, "count", map[string]any{"n": 15, "interval_ms": 100})
 	evs := harness.ReadEvents(t, resp, 3)
 	c.Load(t, mcptest.ResumeRoute(upstream, "keepalive 10s")) // a changed config, as `caddy reload`
@@ -405,8 +401,7 @@ func TestMCP20260728PassesThrough(t *testing.T) {
 // upstream SDKs split their own IDs on) or CR/LF.
 func TestIDsAreOpaqueAndShort(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "")
-	rc := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	rc.Initialize()
+	rc := harness.NewSession(t, c.Base(), "2025-11-25")
 	resp := rc.Call(1, "count", map[string]any{"n": 2, "interval_ms": 1})
 	defer resp.Body.Close()
 	for _, ev := range harness.ReadEvents(t, resp, 0) {
@@ -421,8 +416,7 @@ func TestIDsAreOpaqueAndShort(t *testing.T) {
 // tool does not run twice.
 func TestRepeatedRequestIsAnsweredFromTheLog(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "")
-	rc := harness.NewRawClient(t, c.Base(), "2025-06-18")
-	rc.Initialize()
+	rc := harness.NewSession(t, c.Base(), "2025-06-18")
 	first := startCut(t, rc, 9, 5, 2, 50)
 	resp := rc.Call(9, "count", map[string]any{"n": 5, "interval_ms": 50})
 	defer resp.Body.Close()

@@ -57,8 +57,7 @@ func TestStopWithDetachedStreamsIsPrompt(t *testing.T) {
 		}
 		return req != nil
 	})
-	rc := harness.NewRawClient(t, base, "2025-06-18")
-	rc.Initialize()
+	rc := harness.NewSession(t, base, "2025-06-18")
 	// Detached streams: the tool runs for a minute; its clients leave.
 	for i := 1; i <= 3; i++ {
 		startCut(t, rc, i, 120, 1, 500)

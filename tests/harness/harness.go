@@ -18,6 +18,7 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 // Main is the TestMain of every package that starts Caddy: it runs the
@@ -68,6 +69,15 @@ func MainBothStores(m *testing.M) {
 // store, for the few answers that differ: a restart loses nothing.
 func SharedStore() bool { return mcptest.StoreBlock != "" }
 
+// MemoryStoreOnly skips a test in the JetStream run of a suite: for what
+// only the memory store promises (retained_bytes is this process's heap).
+func MemoryStoreOnly(t testing.TB, why string) {
+	t.Helper()
+	if SharedStore() {
+		t.Skip("memory store only: " + why)
+	}
+}
+
 // storeDirEnv names the embedded JetStream directory of the Caddy being
 // started: a new one per StartCaddy, the same across its reloads.
 const storeDirEnv = "MCPR_TEST_STORE_DIR"
@@ -75,7 +85,7 @@ const storeDirEnv = "MCPR_TEST_STORE_DIR"
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	p, err := mcptest.FreePort()
+	p, err := testnet.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

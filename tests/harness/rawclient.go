@@ -27,6 +27,14 @@ func NewRawClient(t testing.TB, base, version string) *RawClient {
 	return &RawClient{Client: mcptest.NewClient(base, version, hc), t: t}
 }
 
+// NewSession is a RawClient whose session is initialized.
+func NewSession(t testing.TB, base, version string) *RawClient {
+	t.Helper()
+	c := NewRawClient(t, base, version)
+	c.Initialize()
+	return c
+}
+
 // Reconnect drops idle connections (to a server a reload replaced).
 func (c *RawClient) Reconnect() { c.HTTP.CloseIdleConnections() }
 

@@ -21,8 +21,7 @@ func TestAdminAPI(t *testing.T) {
 
 	// Session A: a standalone GET stream (kept open) with two notices on it,
 	// and two finished request streams, one carrying a recognisable payload.
-	a := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	a.Initialize()
+	a := harness.NewSession(t, c.Base(), "2025-11-25")
 	get := a.Request("GET", "", nil)
 	defer get.Body.Close()
 	if get.StatusCode != http.StatusOK {
@@ -37,8 +36,7 @@ func TestAdminAPI(t *testing.T) {
 	wantIDs(t, notices, epochA, 0, 1, 2)
 
 	// Session B: one finished request stream.
-	b := harness.NewRawClient(t, c.Base(), "2025-06-18")
-	b.Initialize()
+	b := harness.NewSession(t, c.Base(), "2025-06-18")
 	evs := b.CallToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
 	epochB := epochOf(t, evs[0].ID)
 	wantIDs(t, evs, epochB, 1, 1, 2, 3, 4) // 2025-06-18: no priming event
@@ -203,8 +201,7 @@ func TestAdminAPI(t *testing.T) {
 // must move; likewise for sessions deleted or expired.
 func TestMetricsPurgeCountsLiveStreams(t *testing.T) {
 	c, _ := start(t, "")
-	a := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	a.Initialize()
+	a := harness.NewSession(t, c.Base(), "2025-11-25")
 	get := a.Request("GET", "", nil)
 	defer get.Body.Close()
 	harness.ReadEvents(t, get, 1) // priming: the upstream GET is open, the stream live

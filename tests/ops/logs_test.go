@@ -68,8 +68,7 @@ func TestLogsFollowReload(t *testing.T) {
 	c := harness.StartCaddy(t, "\trespond 204")
 	for i, path := range []string{first, second} {
 		c.LoadWithGlobal(t, logTo(path), site(upstream, ""))
-		cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-		cl.Initialize()
+		cl := harness.NewSession(t, c.Base(), "2025-11-25")
 		l, ok := findLog(t, path, "session registered", cl.SessionID)
 		if !ok || l.Level != "info" || l.Logger != "http.handlers.mcp_resume" {
 			t.Fatalf("config %d: no 'session registered' line for %s in %s (got %+v)", i+1, cl.SessionID, path, l)

@@ -2,6 +2,7 @@ package ops
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -27,8 +29,7 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 		t.Fatalf("sessions before any traffic = %v (present %v), want 0", v, ok)
 	}
 
-	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	cl.Initialize()
+	cl := harness.NewSession(t, c.Base(), "2025-11-25")
 	m1 := scrapeBoth(t, c)
 	if got := m1.get("sessions"); got != 1 {
 		t.Errorf("sessions = %v after initialize, want 1", got)
@@ -103,8 +104,7 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 // gap signal, and the gap metrics move, while evicted-before-ack stays 0.
 func TestMetricsGap(t *testing.T) {
 	c, _ := start(t, "resume_window 300ms")
-	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	cl.Initialize()
+	cl := harness.NewSession(t, c.Base(), "2025-11-25")
 	m0 := scrapeBoth(t, c)
 
 	evs := cl.CallToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 0})
@@ -175,8 +175,7 @@ func TestMetricsGap(t *testing.T) {
 func TestMetricsSurviveReload(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
 	c := harness.StartCaddy(t, site(upstream, ""))
-	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	cl.Initialize()
+	cl := harness.NewSession(t, c.Base(), "2025-11-25")
 	evs := cl.CallToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 0})
 	epoch := epochOf(t, evs[0].ID)
 	resp := cl.Resume(eid(epoch, 1, 1))
@@ -231,13 +230,19 @@ func TestMetricsSurviveReload(t *testing.T) {
 // is on /metrics (a CounterVec only once a label value moved, so those are
 // only checked when the traffic moves them).
 func TestEveryMetricIsExposed(t *testing.T) {
-	c, _ := start(t, "")
-	cl := harness.NewRawClient(t, c.Base(), "2025-11-25")
-	cl.Initialize()
-	evs := cl.CallToEnd(1, "count", map[string]any{"n": 1, "interval_ms": 0})
-	resp := cl.Resume(evs[1].ID)
-	harness.ReadEvents(t, resp, 0)
-	resp.Body.Close()
+	// Two zones: the memory store, and a shared (JetStream) one, whose
+	// metrics only a shared store has.
+	upstream := harness.StartDemo(t, demoserver.Options{})
+	sharedPort := harness.FreePort(t)
+	c := harness.StartCaddyWithSites(t, "", site(upstream, ""), mcptest.Site{Port: sharedPort,
+		Body: site(upstream, "zone shared\nstore nats {\n embedded "+t.TempDir()+"\n}")})
+	for _, base := range []string{c.Base(), fmt.Sprintf("http://127.0.0.1:%d", sharedPort)} {
+		cl := harness.NewSession(t, base, "2025-11-25")
+		evs := cl.CallToEnd(1, "count", map[string]any{"n": 1, "interval_ms": 0})
+		resp := cl.Resume(evs[1].ID)
+		harness.ReadEvents(t, resp, 0)
+		resp.Body.Close()
+	}
 	m := scrapeBoth(t, c)
 	present := func(name string) bool { _, ok := m.Sum(name); return ok }
 	for name, typ := range moduleMetrics(t) {

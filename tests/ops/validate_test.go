@@ -52,7 +52,8 @@ func caddyfileBlocks(md []byte) []string {
 }
 
 // Every Caddyfile the project shows users validates: caddyfile.example, the
-// ```caddyfile blocks of README.md, and those of docs/*.md.
+// shared-store example's, the ```caddyfile blocks of README.md, and those of
+// docs/*.md.
 func TestValidateExamples(t *testing.T) {
 	t.Run("caddyfile.example", func(t *testing.T) {
 		body, err := os.ReadFile(filepath.Join(repoRoot, "caddyfile.example"))
@@ -66,6 +67,17 @@ func TestValidateExamples(t *testing.T) {
 			t.Errorf("caddyfile.example does not validate: %v", err)
 		}
 	})
+	for _, name := range []string{"replica.Caddyfile", "lb.Caddyfile"} {
+		t.Run("examples/shared-store/"+name, func(t *testing.T) {
+			body, err := os.ReadFile(filepath.Join(repoRoot, "examples", "shared-store", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := validate(name, body); err != nil {
+				t.Errorf("examples/shared-store/%s does not validate: %v", name, err)
+			}
+		})
+	}
 	t.Run("README.md", func(t *testing.T) {
 		md, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
 		if errors.Is(err, os.ErrNotExist) {
@@ -152,6 +164,21 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 		// framing (review item 15.8: 8128 in 8192 was accepted, then failed).
 		{"max_stream_bytes 8192\nmax_event_bytes 8128", []string{"max_event_bytes", "max_stream_bytes"}},
 		{"zone a/b", []string{"zone"}},
+		{"zone " + strings.Repeat("z", 27), []string{"zone"}},
+		{"store", []string{"store"}},
+		{"store redis", []string{"store", "redis"}},
+		{"store memory {\nsize 1\n}", []string{"store memory"}},
+		{"store nats", []string{"store nats", "url"}},
+		{"store nats {\nurl 127.0.0.1:4222\n}", []string{"store nats", "url"}},
+		{"store nats {\nembedded\nurl nats://a:4222\n}", []string{"store nats", "url", "embedded"}},
+		{"store nats {\nembedded\nreplicas 3\n}", []string{"store nats", "replicas"}},
+		{"store nats {\nurl nats://a:4222\nreplicas 2\n}", []string{"store nats", "replicas"}},
+		{"store nats {\nurl nats://a:4222\ntoken t\nuser u p\n}", []string{"store nats", "token", "user"}},
+		{"store nats {\nurl nats://a:4222\ntls_client cert.pem\n}", []string{"store nats", "tls_client"}},
+		{"store nats {\nurl nats://a:4222\nprefix a.b\n}", []string{"store nats", "prefix"}},
+		{"store nats {\nurl nats://a:4222\nlease_ttl 10ms\n}", []string{"store nats", "lease_ttl"}},
+		{"store nats {\nurl nats://a:4222\ndrain_timeout soon\n}", []string{"store nats", "drain_timeout"}},
+		{"store nats {\nurl nats://a:4222\nfrobnicate\n}", []string{"store nats", "frobnicate"}},
 	} {
 		t.Run(strings.ReplaceAll(tt.sub, "\n", ";"), func(t *testing.T) {
 			err := validate("Caddyfile", []byte(configWith(tt.sub)))
@@ -181,6 +208,19 @@ stall_timeout 1m
 session_idle_timeout 30m
 keepalive 20s
 bind_headers Authorization X-Api-Key`,
+		"store memory",
+		"store nats {\nembedded\n}",
+		`zone shared
+store nats {
+url nats://n1:4222,nats://n2:4222 nats://n3:4222
+replicas 3
+credentials /etc/nats/proxy.creds
+tls_ca /etc/nats/ca.pem
+tls_client /etc/nats/client.pem /etc/nats/client-key.pem
+prefix mcpr_prod
+drain_timeout 45s
+lease_ttl 5s
+}`,
 	} {
 		t.Run("valid "+strings.ReplaceAll(sub, "\n", ";"), func(t *testing.T) {
 			if err := validate("Caddyfile", []byte(configWith(sub))); err != nil {

@@ -384,8 +384,9 @@ func badInputRows(ctx context.Context) []badInput {
 					}
 				}()
 				for k := 0; k <= 17; k++ {
-					// Long enough that all are live at once: only live streams count.
-					resp, err := e.main.Do(ctx, "POST", mcptest.CallBody(500+k, "count", map[string]any{"n": 30, "interval_ms": 100}, fmt.Sprint("limit-", k)), nil)
+					// Long enough that all are live at once, however slowly a
+					// loaded machine opens them: only live streams count.
+					resp, err := e.main.Do(ctx, "POST", mcptest.CallBody(500+k, "count", map[string]any{"n": 80, "interval_ms": 100}, fmt.Sprint("limit-", k)), nil)
 					if err != nil {
 						return exchange{}, err
 					}
@@ -403,7 +404,7 @@ func badInputRows(ctx context.Context) []badInput {
 						if err != nil {
 							return x, err
 						}
-						if _, err := checkIDs(o.events); err != nil || len(o.events) != 31 {
+						if _, err := checkIDs(o.events); err != nil || len(o.events) != 81 {
 							return x, fmt.Errorf("stream %d opened before the limit: %v: %s", i, err, o)
 						}
 					}

@@ -129,16 +129,6 @@ func natsURLs(servers ...*server.Server) []string {
 	return urls
 }
 
-func startNATS(t *testing.T) *server.Server {
-	t.Helper()
-	s, err := mcptest.StartNATS(t.TempDir(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mcptest.ShutdownNATS(s) })
-	return s
-}
-
 func callCount(t *testing.T, c *mcptest.SDKClient, n, intervalMS int) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

@@ -6,13 +6,14 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 // A client cut on replica A resumes on replica B and gets exactly the rest
 // of its stream (from the shared store), then live events as A's tap keeps
 // appending, and the result: every progress notification once, in order.
 func TestResumeOnAnotherReplica(t *testing.T) {
-	ns := startNATS(t)
+	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{})
 	a, b := d.replicas[0], d.replicas[1]
 	for _, version := range []string{"2025-11-25", "2025-06-18", "2025-03-26"} {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 // restart stops r with SIGTERM (it drains), waits for it to exit, and
@@ -62,7 +63,7 @@ func TestRestartOfTheOnlyReplica(t *testing.T) {
 // picks, reading what the other one is still appending. No call loses its
 // result or a notification.
 func TestRollingRestartLosesNoResult(t *testing.T) {
-	ns := startNATS(t)
+	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{})
 	a, b := d.replicas[0], d.replicas[1]
 	d.lb.SetTarget(a.addr(), b.addr())
@@ -120,7 +121,7 @@ func TestRollingRestartLosesNoResult(t *testing.T) {
 // the call ends with the documented explicit failure (a gap and a JSON-RPC
 // error for the request), never silence.
 func TestKillOfTheProducingReplica(t *testing.T) {
-	ns := startNATS(t)
+	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{})
 	a, b := d.replicas[0], d.replicas[1]
 	c := d.client("2025-11-25")
@@ -154,15 +155,11 @@ func TestKillOfTheProducingReplica(t *testing.T) {
 // A 3-node JetStream cluster (replicas 3) loses a node mid-stream, and the
 // client is moved to another Caddy replica meanwhile: nothing is lost.
 func TestClusterLosesANode(t *testing.T) {
-	servers, err := mcptest.StartNATSCluster(t.TempDir(), t.TempDir(), t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { mcptest.ShutdownNATS(servers...) })
+	servers := testnet.NATSCluster(t, 3)
 	d := deploy(t, 2, storeNATS(natsURLs(servers...), "replicas 3"), demoserver.Options{})
 	c := d.client("2025-11-25")
 	const n = 20
-	c.After(4, func() int { mcptest.ShutdownNATS(servers[0]); return 0 })
+	c.After(4, func() int { testnet.ShutdownNATS(servers[0]); return 0 })
 	moved := c.After(8, func() int { return d.moveTo(d.replicas[1]) })
 	if got := callCount(t, c, n, 150); got != fmt.Sprintf("counted to %d", n) {
 		t.Fatalf("result %q", got)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
@@ -37,7 +38,7 @@ func assert503(t *testing.T, resp *http.Response, why string) {
 // other sites) and answers 503 until it connects.
 func TestNATSUnreachable(t *testing.T) {
 	dir, port := t.TempDir(), harness.FreePort(t)
-	ns, err := mcptest.StartNATS(dir, port)
+	ns, err := testnet.StartNATS(dir, port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,13 +46,12 @@ func TestNATSUnreachable(t *testing.T) {
 	d := deploy(t, 1, storeNATS([]string{url}, ""), demoserver.Options{})
 	a := d.replicas[0]
 	base := "http://" + a.addr()
-	rc := harness.NewRawClient(t, base, "2025-06-18")
-	rc.Initialize()
+	rc := harness.NewSession(t, base, "2025-06-18")
 	if evs := rc.CallToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 1}); len(evs) != 3 {
 		t.Fatalf("call before the outage: %d events", len(evs))
 	}
 
-	mcptest.ShutdownNATS(ns)
+	testnet.ShutdownNATS(ns)
 	a.waitStoreUp(t, 0)
 	refusedBefore := metric(t, a, "caddy_mcp_resume_store_refusals_total")
 	assert503(t, rc.Request(http.MethodPost, mcptest.CallBody(2, "count", map[string]any{"n": 2, "interval_ms": 1}, "tok"), nil),
@@ -64,28 +64,28 @@ func TestNATSUnreachable(t *testing.T) {
 		t.Fatalf("store_refusals_total moved %v -> %v, want +2", refusedBefore, after)
 	}
 
-	ns, err = mcptest.StartNATS(dir, port)
+	ns, err = testnet.StartNATS(dir, port)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mcptest.ShutdownNATS(ns) })
+	t.Cleanup(func() { testnet.ShutdownNATS(ns) })
 	a.waitStoreUp(t, 1)
 	if evs := rc.CallToEnd(3, "count", map[string]any{"n": 2, "interval_ms": 1}); len(evs) != 3 {
 		t.Fatalf("call after the outage: %d events", len(evs))
 	}
 
 	// A replica started while NATS is down.
-	mcptest.ShutdownNATS(ns)
+	testnet.ShutdownNATS(ns)
 	b := d.start("late", storeNATS([]string{url}, ""), false)
 	lateClient := harness.NewRawClient(t, "http://"+b.addr(), "2025-06-18")
 	if err := lateClient.Client.Initialize(t.Context()); err == nil {
 		t.Fatal("initialize succeeded on a replica not connected to its store")
 	}
-	ns, err = mcptest.StartNATS(dir, port)
+	ns, err = testnet.StartNATS(dir, port)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { mcptest.ShutdownNATS(ns) })
+	t.Cleanup(func() { testnet.ShutdownNATS(ns) })
 	b.waitStoreUp(t, 1)
 	lateClient.Initialize()
 	if evs := lateClient.CallToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 1}); len(evs) != 3 {
