@@ -162,11 +162,17 @@ type bench struct {
 	load     *exec.Cmd
 	toLoad   io.Writer
 	fromLoad *bufio.Scanner
-	bases    map[string]string // by setup: direct, plain, mcp_resume
+	bases    map[string]string // by setup
 	admin    string
 }
 
-var setups = []string{"direct", "plain", "mcp_resume"}
+// setups: the clients read the upstream directly, through plain
+// reverse_proxy, through mcp_resume with the memory store, and with the
+// JetStream store (an embedded single-node server in Caddy's data
+// directory, file storage).
+var setups = []string{"direct", "plain", "mcp_resume", "jetstream"}
+
+func retaining(s string) bool { return s == "mcp_resume" || s == "jetstream" }
 
 func run(cfg config) error {
 	b := &bench{cfg: cfg, load: exec.Command(os.Args[0], "-load")}
@@ -187,7 +193,7 @@ func run(cfg config) error {
 	if cfg.waitQuiet > 0 {
 		b.waitQuiet()
 	}
-	rep := &report{cfg: cfg, tp: map[tpConfig]map[string][]tpRun{}, latency: map[string][]result{}, resume: map[int][]result{}, memory: map[memKey]memRun{}}
+	rep := &report{cfg: cfg, tp: map[tpConfig]map[string][]tpRun{}, latency: map[string][]result{}, resume: map[key][]result{}, memory: map[key]memRun{}}
 	rep.metricsBefore, _ = mcptest.ScrapeMetrics(b.admin + "/metrics")
 	busy0, own0, started := b.cpuSample()
 	// Every setup, round by round (round 0 warms up), in another order each.
@@ -227,21 +233,23 @@ func run(cfg config) error {
 	}
 	for _, n := range cfg.replay {
 		for round := 1; round <= cfg.rounds && cfg.phases["resume"]; round++ {
-			r, err := b.call(command{Op: "resume", Base: b.bases["mcp_resume"], Admin: b.admin, Total: n}, nil)
-			if err != nil {
-				return err
+			for _, s := range rotate(setups[2:], round) {
+				r, err := b.call(command{Op: "resume", Base: b.bases[s], Admin: b.admin, Total: n}, nil)
+				if err != nil {
+					return err
+				}
+				rep.resume[key{n, s}] = append(rep.resume[key{n, s}], r)
+				logf("resume %7d events %-10s: fill %v, first event after %v, replay %.0f events/s", n, s,
+					r.Fill.Round(time.Microsecond), r.TTFB.Round(time.Microsecond), replayRate(r))
 			}
-			rep.resume[n] = append(rep.resume[n], r)
-			logf("resume %7d events: fill %v, first event after %v, replay %.0f events/s", n,
-				r.Fill.Round(time.Microsecond), r.TTFB.Round(time.Microsecond), replayRate(r))
 		}
 	}
 	for _, n := range cfg.sessions {
-		for _, s := range setups[1:] {
+		for _, s := range setups[1:3] {
 			if m, err := b.memory(s, n); err != nil {
 				return err
 			} else if cfg.phases["memory"] {
-				rep.memory[memKey{n, s}] = m
+				rep.memory[key{n, s}] = m
 				logf("memory %6d sessions %-10s: idle heap %s; retained heap %s for %s payload", n, s,
 					bytesStr(float64(m.idle)), bytesStr(float64(m.retained)), bytesStr(float64(m.RetainedPayload)))
 			}
@@ -281,7 +289,7 @@ func (b *bench) start() (err error) {
 		return fmt.Errorf("the load process did not start: %v", b.fromLoad.Err())
 	}
 	upstream := b.fromLoad.Text()
-	var ports [4]int // admin, mcp_resume, plain, https
+	var ports [5]int // admin, mcp_resume, plain, https, jetstream
 	for i := range ports {
 		if ports[i], err = testnet.FreePort(); err != nil {
 			return err
@@ -290,10 +298,15 @@ func (b *bench) start() (err error) {
 	const bind = "\tbind 127.0.0.1\n"
 	b.admin = fmt.Sprintf("http://localhost:%d", ports[0])
 	b.bases = map[string]string{"direct": "http://" + upstream,
-		"mcp_resume": fmt.Sprintf("http://127.0.0.1:%d", ports[1]), "plain": fmt.Sprintf("http://127.0.0.1:%d", ports[2])}
+		"mcp_resume": fmt.Sprintf("http://127.0.0.1:%d", ports[1]), "plain": fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
+		"jetstream": fmt.Sprintf("http://127.0.0.1:%d", ports[4])}
+	opts := func(extra ...string) string {
+		return "\t\t\t" + strings.Join(append(extra, moduleOptions...), "\n\t\t\t")
+	}
 	return mcptest.Load(mcptest.Config{AdminPort: ports[0], HTTPPort: ports[1], HTTPSPort: ports[3], Sites: []mcptest.Site{
-		{Port: ports[1], Body: bind + mcptest.ResumeRoute(upstream, "\t\t\t"+strings.Join(moduleOptions, "\n\t\t\t"))},
+		{Port: ports[1], Body: bind + mcptest.ResumeRoute(upstream, opts())},
 		{Port: ports[2], Body: bind + mcptest.ProxyRoute(upstream)},
+		{Port: ports[4], Body: bind + mcptest.ResumeRoute(upstream, opts(jetstreamOptions...))},
 	}})
 }
 
@@ -302,6 +315,9 @@ func (b *bench) start() (err error) {
 // counts the stalls.
 var moduleOptions = []string{"resume_window 1s", "max_stream_bytes 3GiB", "max_session_bytes 3GiB",
 	"max_total_bytes 8GiB", "max_event_bytes 32MiB", "max_sessions 20000"}
+
+// jetstreamOptions put the jetstream setup in a zone of its own.
+var jetstreamOptions = []string{"zone js", "store nats {\n\t\t\t\tembedded\n\t\t\t}"}
 
 // call runs a command in the load process; onMark takes this process's
 // readings at each of its marks.
@@ -369,9 +385,9 @@ func (b *bench) throughput(setup string, c tpConfig) (tpRun, error) {
 	return tpRun{result: res, proxy: cpu[1] - cpu[0], mallocs: objs[1] - objs[0]}, nil
 }
 
-type memKey struct {
-	sessions int
-	setup    string
+type key struct {
+	n     int // sessions, or replayed events
+	setup string
 }
 
 // memRun is the proxy's live heap growth for n idle sessions, then

@@ -15,8 +15,8 @@ type report struct {
 	cfg                         config
 	tp                          map[tpConfig]map[string][]tpRun
 	latency                     map[string][]result
-	resume                      map[int][]result
-	memory                      map[memKey]memRun
+	resume                      map[key][]result
+	memory                      map[key]memRun
 	elapsed                     time.Duration
 	otherCores                  float64
 	metricsBefore, metricsAfter mcptest.Metrics
@@ -46,7 +46,7 @@ func replayRate(x result) float64 { return float64(x.Events) / x.Elapsed.Seconds
 // beyond is the heap mcp_resume's proxy holds for n sessions retaining a
 // stream each, beyond the retained payload and what plain's holds.
 func (r *report) beyond(n int) float64 {
-	p, m := r.memory[memKey{n, "plain"}], r.memory[memKey{n, "mcp_resume"}]
+	p, m := r.memory[key{n, "plain"}], r.memory[key{n, "mcp_resume"}]
 	return float64(m.idle+m.retained-m.RetainedPayload) - float64(p.idle)
 }
 
@@ -71,10 +71,10 @@ func (r *report) markdown() string {
 			}
 		}
 	}
-	fmt.Fprintf(&t, "## direct, plain reverse_proxy, mcp_resume\n\n- %d cores (GOMAXPROCS %d), Go %s, Caddy %s, module%s\n",
+	fmt.Fprintf(&t, "## direct, plain reverse_proxy, mcp_resume (memory and JetStream stores)\n\n- %d cores (GOMAXPROCS %d), Go %s, Caddy %s, module%s\n",
 		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), caddyV, mod[1:])
-	fmt.Fprintf(&t, "- Two processes on loopback: the proxy's (one Caddy, two sites on the upstream: `reverse_proxy`, and `mcp_resume` + `reverse_proxy`) and the load process (a minimal MCP upstream on net/http that flushes every event, raw Streamable HTTP clients, protocol %s). Direct: the clients read the upstream, no proxy. Proxy CPU and allocations are the proxy process's own.\n", protocolVersion)
-	fmt.Fprintf(&t, "- mcp_resume options: `%s`", strings.Join(moduleOptions, "; "))
+	fmt.Fprintf(&t, "- Two processes on loopback: the proxy's (one Caddy, three sites on the upstream: `reverse_proxy`; `mcp_resume` + `reverse_proxy`; the same with `zone js` and `store nats { embedded }`, a single-node JetStream in the process, file storage) and the load process (a minimal MCP upstream on net/http that flushes every event, raw Streamable HTTP clients, protocol %s). Direct: the clients read the upstream, no proxy. Proxy CPU and allocations are the proxy process's own.\n", protocolVersion)
+	fmt.Fprintf(&t, "- mcp_resume options (both stores): `%s`", strings.Join(moduleOptions, "; "))
 	if r.metricsAfter.Series != nil {
 		d := func(k string) float64 { a, _ := r.metricsAfter.Sum(k); b, _ := r.metricsBefore.Sum(k); return a - b }
 		fmt.Fprintf(&t, ": %.0f backpressure stalls, %.0f events evicted before ack, %.0f events through the logs",
@@ -82,56 +82,84 @@ func (r *report) markdown() string {
 	}
 	fmt.Fprintf(&t, ".\n- A warm-up round, then %d round(s) per figure, setups alternating run by run; medians. Sizes are JSON-RPC message bytes (SSE framing adds 23 B); MB = 10^6 B. Measured part took %s; other processes kept %s cores busy on average meanwhile (noise).\n\n",
 		r.cfg.rounds, r.elapsed.Round(time.Second), num(r.otherCores))
-	t.row("figure", "direct (no proxy)", "plain reverse_proxy", "mcp_resume + reverse_proxy", "mcp_resume / plain")
-	t.row("---", "---:", "---:", "---:", "---:")
+	t.row("figure", "direct (no proxy)", "plain reverse_proxy", "mcp_resume (memory store)", "mcp_resume (JetStream store)", "mcp_resume / plain", "plain, mcp_resume, JetStream / direct")
+	t.row("---", "---:", "---:", "---:", "---:", "---:", "---:")
+	// line is one row: a figure per setup ("—" where it has none), then
+	// mcp_resume/plain (with the difference if diff is set), then each/direct.
+	line := func(label string, v map[string]float64, format func(float64) string, diff string) {
+		cells := []string{label}
+		for _, s := range setups {
+			cells = append(cells, map[bool]string{true: format(v[s]), false: "—"}[v[s] > 0.001])
+		}
+		mp := ratioStr(ratio(v["mcp_resume"], v["plain"]))
+		if diff != "" {
+			mp += fmt.Sprintf(" (%+.2f"+diff+")", v["mcp_resume"]-v["plain"])
+		}
+		var vd []string
+		for _, s := range setups[1:] {
+			vd = append(vd, strings.TrimSuffix(ratioStr(ratio(v[s], v["direct"])), "x"))
+		}
+		t.row(append(cells, mp, map[bool]string{true: strings.Join(vd, ", "), false: "—"}[v["direct"] > 0.001])...)
+	}
+	per := func(f func(x result) float64, rs map[string][]result) map[string]float64 {
+		v := map[string]float64{}
+		for s, xs := range rs {
+			v[s] = medianOf(xs, f)
+		}
+		return v
+	}
 	cfgs := r.cfg.tpConfigs()
+	tps := func(c tpConfig, f func(tpRun) float64) map[string]float64 {
+		v := map[string]float64{}
+		for _, s := range setups {
+			v[s] = r.tp1(c, s, f)
+		}
+		return v
+	}
 	for _, c := range cfgs {
 		if len(r.tp[c]) > 0 {
-			cell := func(s string) string { return evs(r.tp1(c, s, tpRun.eventsPerSec), r.tp1(c, s, tpRun.mbPerSec)) }
-			t.row("throughput, "+c.key(), cell("direct"), cell("plain"), cell("mcp_resume"), ratioStr(r.tpRatio(c)))
+			line("throughput, "+c.key()+", ev/s", tps(c, tpRun.eventsPerSec), num, "")
 		}
 	}
 	for _, f := range []struct {
 		label  string
 		f      func(tpRun) float64
 		format func(float64) string
-	}{{"proxy CPU per event", tpRun.proxyCPU, usStr}, {"CPU per event, all processes", tpRun.allCPU, usStr},
-		{"proxy heap allocations per event", tpRun.allocs, sig3}} {
+		diff   string
+	}{{"MB/s", tpRun.mbPerSec, num, ""}, {"proxy CPU per event, µs", tpRun.proxyCPU, sig3, " µs"},
+		{"CPU per event, all processes, µs", tpRun.allCPU, sig3, " µs"}, {"proxy heap allocations per event", tpRun.allocs, sig3, ""}} {
 		for _, c := range cfgs {
-			if len(r.tp[c]) > 0 {
-				p, m, d := r.tp1(c, "plain", f.f), r.tp1(c, "mcp_resume", f.f), r.tp1(c, "direct", f.f)
-				t.row(f.label+", "+c.key(), map[bool]string{true: f.format(d), false: "—"}[d > 0.01], f.format(p), f.format(m),
-					fmt.Sprintf("%s (%+.2f)", ratioStr(ratio(m, p)), m-p))
+			if v := tps(c, f.f); len(r.tp[c]) > 0 {
+				if strings.HasPrefix(f.label, "proxy") {
+					delete(v, "direct") // no proxy: the figure is idle noise
+				}
+				line(f.label+", "+c.key(), v, f.format, f.diff)
 			}
 		}
 	}
-	lat := func(s string, p99 bool) float64 {
-		return medianOf(r.latency[s], func(x result) float64 { return map[bool]float64{false: x.P50, true: x.P99}[p99] })
-	}
-	for _, p99 := range []bool{false, true} {
+	for _, p := range []string{"p50", "p99"} {
 		if len(r.latency["mcp_resume"]) > 0 {
-			t.row(fmt.Sprintf("latency upstream write → client read, %s (1 KiB events every %v)", map[bool]string{false: "p50", true: "p99"}[p99], latencyEvery),
-				usStr(lat("direct", p99)), usStr(lat("plain", p99)), usStr(lat("mcp_resume", p99)),
-				fmt.Sprintf("%s (%+.1f µs)", ratioStr(ratio(lat("mcp_resume", p99), lat("plain", p99))), lat("mcp_resume", p99)-lat("plain", p99)))
+			line(fmt.Sprintf("latency upstream write → client read, %s, µs (1 KiB events every %v)", p, latencyEvery),
+				per(func(x result) float64 { return map[string]float64{"p50": x.P50, "p99": x.P99}[p] }, r.latency), sig3, " µs")
 		}
 	}
 	for _, n := range r.cfg.replay {
-		if rs := r.resume[n]; len(rs) > 0 {
+		rs := map[string][]result{"mcp_resume": r.resume[key{n, "mcp_resume"}], "jetstream": r.resume[key{n, "jetstream"}]}
+		if len(rs["mcp_resume"]) > 0 {
 			label := groupDigits(n) + " × 1 KiB events"
-			t.row("resume "+label+": first replayed event after", "—", "—", time.Duration(medianOf(rs, func(x result) float64 { return float64(x.TTFB) })).Round(time.Microsecond).String(), "")
-			t.row("replay throughput, "+label, "—", "—", evs(medianOf(rs, replayRate), medianOf(rs, func(x result) float64 { return float64(x.Payload) / 1e6 / x.Elapsed.Seconds() })),
-				ratioStr(ratio(medianOf(rs, replayRate), r.live()))+" live (1 stream)")
-			t.row("tap into the log with no client, "+label, "—", "—", num(medianOf(rs, func(x result) float64 { return float64(n-5) / x.Fill.Seconds() }))+" ev/s", "")
+			line("resume "+label+": first replayed event after, µs", per(func(x result) float64 { return float64(x.TTFB) / 1e3 }, rs), sig3, "")
+			line("replay throughput, "+label+", ev/s", per(replayRate, rs), num, "")
+			line("tap into the log with no client, "+label+", ev/s", per(func(x result) float64 { return float64(n-5) / x.Fill.Seconds() }, rs), num, "")
 		}
 	}
 	for _, n := range r.cfg.sessions {
-		p, okP := r.memory[memKey{n, "plain"}]
-		m, okM := r.memory[memKey{n, "mcp_resume"}]
+		p, okP := r.memory[key{n, "plain"}]
+		m, okM := r.memory[key{n, "mcp_resume"}]
 		if g := groupDigits(n); okP && okM {
-			t.row("proxy heap per idle session, "+g+" sessions", "—", bytesStr(float64(p.idle)/float64(n)), bytesStr(float64(m.idle)/float64(n)), "")
+			t.row("proxy heap per idle session, "+g+" sessions", "—", bytesStr(float64(p.idle)/float64(n)), bytesStr(float64(m.idle)/float64(n)), "", "", "")
 			t.row(fmt.Sprintf("heap per retained payload byte, %s sessions × %d × 1 KiB", g, retainEvents), "—", "—",
-				fmt.Sprintf("%.2f B (retained_bytes %.2f B)", float64(m.retained)/float64(m.RetainedPayload), float64(m.Retained)/float64(m.RetainedPayload)), "")
-			t.row("mcp_resume's heap beyond retained payload ("+bytesStr(float64(m.RetainedPayload))+"), "+g+" sessions", "—", "—", bytesStr(r.beyond(n)), "")
+				fmt.Sprintf("%.2f B (retained_bytes %.2f B)", float64(m.retained)/float64(m.RetainedPayload), float64(m.Retained)/float64(m.RetainedPayload)), "", "", "")
+			t.row("mcp_resume's heap beyond retained payload ("+bytesStr(float64(m.RetainedPayload))+"), "+g+" sessions", "—", "—", bytesStr(r.beyond(n)), "", "", "")
 		}
 	}
 	t.WriteString("\n### Targets (as computed by this run)\n\n")
@@ -144,14 +172,20 @@ func (r *report) markdown() string {
 		}
 	}
 	if len(r.latency["mcp_resume"]) > 0 {
-		added := lat("mcp_resume", true) - lat("plain", true)
+		p99 := per(func(x result) float64 { return x.P99 }, r.latency)
+		added := p99["mcp_resume"] - p99["plain"]
 		fmt.Fprintf(&t, "- issue 14: added p99 latency < 50 µs (1 KiB every %v): %s → %s\n", latencyEvery, usStr(added), met[added < 50])
 	}
-	if n := r.cfg.sessions[len(r.cfg.sessions)-1]; r.memory[memKey{n, "mcp_resume"}].RetainedPayload > 0 {
+	for _, c := range cfgs {
+		if eps := r.tp1(c, "jetstream", tpRun.eventsPerSec); c.size == 1024 && len(r.tp[c]) > 0 {
+			fmt.Fprintf(&t, "- issue 11: JetStream store above 50k events/s of 1 KiB, %s: %s → %s\n", c.key(), num(eps), met[eps > 50e3])
+		}
+	}
+	if n := r.cfg.sessions[len(r.cfg.sessions)-1]; r.memory[key{n, "mcp_resume"}].RetainedPayload > 0 {
 		fmt.Fprintf(&t, "- issue 7: %s sessions in ≤ 64 MiB beyond retained payload: %s → %s\n", groupDigits(n), bytesStr(r.beyond(n)), met[r.beyond(n) <= 64<<20])
 	}
-	if n := r.cfg.replay[len(r.cfg.replay)-1]; len(r.resume[n]) > 0 {
-		eps := medianOf(r.resume[n], replayRate)
+	if n := r.cfg.replay[len(r.cfg.replay)-1]; len(r.resume[key{n, "mcp_resume"}]) > 0 {
+		eps := medianOf(r.resume[key{n, "mcp_resume"}], replayRate)
 		fmt.Fprintf(&t, "- issue 7: replay of %s events ≥ live throughput (1 stream, 1 KiB): %s vs %s ev/s → %s\n", groupDigits(n), num(eps), num(r.live()), met[eps >= r.live()])
 	}
 	return t.String()
