@@ -32,6 +32,7 @@ import (
 	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -46,7 +47,7 @@ type config struct {
 	phases                           map[string]bool
 	scale                            float64
 	sizes, streams, replay, sessions []int
-	cpuprofile                       string
+	cpuprofile, profileSetup         string
 	waitQuiet                        time.Duration
 	load                             bool
 }
@@ -72,6 +73,7 @@ func parseFlags(args []string) (config, error) {
 	fs.BoolVar(&c.load, "load", false, "internal: be the load process (upstream and clients)")
 	fs.IntVar(&c.rounds, "rounds", 5, "measured rounds per figure, after a warm-up round")
 	phases := fs.String("phases", "throughput,latency,resume,memory", "phases to run")
+	only := fs.String("setups", strings.Join(setups, ","), "setups to measure (a subset of the default)")
 	fs.Float64Var(&c.scale, "scale", 1, "multiplier on events per throughput and latency run")
 	lists := map[string]*string{
 		"sizes":    fs.String("sizes", "100,1024,16384", "event sizes (JSON-RPC message bytes) for throughput"),
@@ -79,7 +81,8 @@ func parseFlags(args []string) (config, error) {
 		"replay":   fs.String("replay", "1000,100000", "retained events per resume run"),
 		"sessions": fs.String("sessions", "1000,10000", "idle sessions for the memory phase"),
 	}
-	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the proxy in an extra pass of the mcp_resume workloads")
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the proxy in an extra pass of one setup's workloads")
+	fs.StringVar(&c.profileSetup, "profile-setup", "mcp_resume", "the setup -cpuprofile profiles: plain, mcp_resume or jetstream")
 	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "first wait up to this long for other processes to use under 0.2 cores")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -100,6 +103,7 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("-phases: unknown phase %q", p)
 		}
 	}
+	setups = slices.DeleteFunc(setups, func(s string) bool { return !slices.Contains(strings.Split(*only, ","), s) })
 	dst := map[string]*[]int{"sizes": &c.sizes, "streams": &c.streams, "replay": &c.replay, "sessions": &c.sessions}
 	for name, v := range lists {
 		var err error
@@ -233,7 +237,7 @@ func run(cfg config) error {
 	}
 	for _, n := range cfg.replay {
 		for round := 1; round <= cfg.rounds && cfg.phases["resume"]; round++ {
-			for _, s := range rotate(setups[2:], round) {
+			for _, s := range rotate(slices.DeleteFunc(slices.Clone(setups), func(s string) bool { return !retaining(s) }), round) {
 				r, err := b.call(command{Op: "resume", Base: b.bases[s], Admin: b.admin, Total: n}, nil)
 				if err != nil {
 					return err
@@ -245,7 +249,7 @@ func run(cfg config) error {
 		}
 	}
 	for _, n := range cfg.sessions {
-		for _, s := range setups[1:3] {
+		for _, s := range []string{"plain", "mcp_resume"} {
 			if m, err := b.memory(s, n); err != nil {
 				return err
 			} else if cfg.phases["memory"] {
@@ -432,18 +436,18 @@ func (b *bench) profile() error {
 		return err
 	}
 	defer f.Close()
-	logf("profiling the proxy in an extra pass of the mcp_resume workloads into %s", b.cfg.cpuprofile)
+	logf("profiling the proxy in an extra pass of the %s workloads into %s", b.cfg.profileSetup, b.cfg.cpuprofile)
 	if err := pprof.StartCPUProfile(f); err != nil {
 		return err
 	}
 	defer pprof.StopCPUProfile()
 	for _, c := range b.cfg.tpConfigs() {
-		if _, err := b.throughput("mcp_resume", c); err != nil || !b.cfg.phases["throughput"] {
+		if _, err := b.throughput(b.cfg.profileSetup, c); err != nil || !b.cfg.phases["throughput"] {
 			break
 		}
 	}
-	if b.cfg.phases["resume"] {
-		_, err = b.call(command{Op: "resume", Base: b.bases["mcp_resume"], Admin: b.admin, Total: b.cfg.replay[len(b.cfg.replay)-1]}, nil)
+	if b.cfg.phases["resume"] && retaining(b.cfg.profileSetup) {
+		_, err = b.call(command{Op: "resume", Base: b.bases[b.cfg.profileSetup], Admin: b.admin, Total: b.cfg.replay[len(b.cfg.replay)-1]}, nil)
 	}
 	return err
 }

@@ -96,7 +96,7 @@ func (r *report) markdown() string {
 			mp += fmt.Sprintf(" (%+.2f"+diff+")", v["mcp_resume"]-v["plain"])
 		}
 		var vd []string
-		for _, s := range setups[1:] {
+		for _, s := range []string{"plain", "mcp_resume", "jetstream"} {
 			vd = append(vd, strings.TrimSuffix(ratioStr(ratio(v[s], v["direct"])), "x"))
 		}
 		t.row(append(cells, mp, map[bool]string{true: strings.Join(vd, ", "), false: "—"}[v["direct"] > 0.001])...)
