@@ -218,8 +218,8 @@ func run(cfg config) error {
 			if measured {
 				rep.tp[c][s] = append(rep.tp[c][s], r)
 			}
-			logf("throughput %-24s %-10s: %8.0f events/s; proxy %5.2f µs CPU, %5.3f allocs per event; all %5.2f µs CPU per event",
-				c.key(), s, r.eventsPerSec(), r.proxyCPU(), r.allocs(), r.allCPU())
+			logf("throughput %-24s %-10s: %8.0f events/s; proxy %5.2f µs CPU, %5.3f allocs, %5.3f syscalls per event; all %5.2f µs CPU per event",
+				c.key(), s, r.eventsPerSec(), r.proxyCPU(), r.allocs(), r.sysPerEv(), r.allCPU())
 			return err
 		}); err != nil {
 			return err
@@ -362,8 +362,8 @@ func readMetric(name string) uint64 {
 // and heap allocations of this process (the proxy) meanwhile.
 type tpRun struct {
 	result
-	proxy   time.Duration
-	mallocs uint64
+	proxy             time.Duration
+	mallocs, syscalls uint64
 }
 
 func (r tpRun) eventsPerSec() float64 { return float64(r.Events) / r.Elapsed.Seconds() }
@@ -372,21 +372,36 @@ func (r tpRun) proxyCPU() float64     { return float64(r.proxy.Nanoseconds()) / 
 func (r tpRun) allCPU() float64 {
 	return float64((r.proxy + r.CPU).Nanoseconds()) / 1e3 / float64(r.Events)
 }
-func (r tpRun) allocs() float64 { return float64(r.mallocs) / float64(r.Events) }
+func (r tpRun) allocs() float64   { return float64(r.mallocs) / float64(r.Events) }
+func (r tpRun) sysPerEv() float64 { return float64(r.syscalls) / float64(r.Events) }
+
+// syscalls is this process's read and write system calls so far (socket
+// reads and writes included).
+func syscalls() uint64 {
+	b, _ := os.ReadFile("/proc/self/io")
+	var n uint64
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, _ := strings.Cut(l, ": "); k == "syscr" || k == "syscw" {
+			x, _ := strconv.ParseUint(v, 10, 64)
+			n += x
+		}
+	}
+	return n
+}
 
 // throughput runs one configuration through one setup. No collection is
 // forced between runs: as in a proxy that has been running, memory that
 // earlier runs gave back is there to reuse.
 func (b *bench) throughput(setup string, c tpConfig) (tpRun, error) {
 	var cpu []time.Duration
-	var objs []uint64
+	var objs, calls []uint64
 	res, err := b.call(command{Op: "throughput", Base: b.bases[setup], Size: c.size, Streams: c.streams, Total: c.total}, func() {
-		cpu, objs = append(cpu, usage()), append(objs, readMetric("/gc/heap/allocs:objects"))
+		cpu, objs, calls = append(cpu, usage()), append(objs, readMetric("/gc/heap/allocs:objects")), append(calls, syscalls())
 	})
 	if err != nil {
 		return tpRun{}, fmt.Errorf("throughput %s, %s: %v", c.key(), setup, err)
 	}
-	return tpRun{result: res, proxy: cpu[1] - cpu[0], mallocs: objs[1] - objs[0]}, nil
+	return tpRun{result: res, proxy: cpu[1] - cpu[0], mallocs: objs[1] - objs[0], syscalls: calls[1] - calls[0]}, nil
 }
 
 type key struct {

@@ -127,7 +127,8 @@ func (r *report) markdown() string {
 		format func(float64) string
 		diff   string
 	}{{"MB/s", tpRun.mbPerSec, num, ""}, {"proxy CPU per event, µs", tpRun.proxyCPU, sig3, " µs"},
-		{"CPU per event, all processes, µs", tpRun.allCPU, sig3, " µs"}, {"proxy heap allocations per event", tpRun.allocs, sig3, ""}} {
+		{"CPU per event, all processes, µs", tpRun.allCPU, sig3, " µs"}, {"proxy heap allocations per event", tpRun.allocs, sig3, ""},
+		{"proxy read+write system calls per event", tpRun.sysPerEv, sig3, ""}} {
 		for _, c := range cfgs {
 			if v := tps(c, f.f); len(r.tp[c]) > 0 {
 				if strings.HasPrefix(f.label, "proxy") {
