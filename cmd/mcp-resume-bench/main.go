@@ -48,6 +48,8 @@ type config struct {
 	scale                            float64
 	sizes, streams, replay, sessions []int
 	cpuprofile, profileSetup         string
+	baseProfile, baseLabel           string
+	gobench                          bool
 	waitQuiet                        time.Duration
 	load                             bool
 }
@@ -82,6 +84,9 @@ func parseFlags(args []string) (config, error) {
 		"sessions": fs.String("sessions", "1000,10000", "idle sessions for the memory phase"),
 	}
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the proxy in an extra pass of one setup's workloads")
+	fs.StringVar(&c.baseProfile, "base-profile", "", "a CPU profile from an earlier build (-cpuprofile there) to show beside this run's")
+	fs.StringVar(&c.baseLabel, "base-label", "baseline", "what -base-profile profiled, for the report")
+	fs.BoolVar(&c.gobench, "gobench", false, "also run the buffer package's micro-benchmarks (go test -bench) for the report")
 	fs.StringVar(&c.profileSetup, "profile-setup", "mcp_resume", "the setup -cpuprofile profiles: plain, mcp_resume or jetstream")
 	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "first wait up to this long for other processes to use under 0.2 cores")
 	if err := fs.Parse(args); err != nil {

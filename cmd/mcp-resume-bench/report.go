@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"math"
+	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -71,8 +74,17 @@ func (r *report) markdown() string {
 			}
 		}
 	}
-	fmt.Fprintf(&t, "## direct, plain reverse_proxy, mcp_resume (memory and JetStream stores)\n\n- %d cores (GOMAXPROCS %d), Go %s, Caddy %s, module%s\n",
-		runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), caddyV, mod[1:])
+	if mod == "?" { // go run stamps no VCS information
+		rev, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+		dirty, _ := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output()
+		mod = fmt.Sprintf("? %s%s", bytes.TrimSpace(rev), map[bool]string{true: " (with uncommitted changes)"}[len(dirty) > 0])
+	}
+	cpuinfo, _ := os.ReadFile("/proc/cpuinfo")
+	_, model, _ := strings.Cut(string(cpuinfo), "model name\t: ")
+	model, _, _ = strings.Cut(model, "\n")
+	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
+	fmt.Fprintf(&t, "## direct, plain reverse_proxy, mcp_resume (memory and JetStream stores)\n\n- `%s`\n- %s, %d cores (GOMAXPROCS %d), Linux %s, Go %s, Caddy %s, module %s\n",
+		strings.Join(os.Args, " "), model, runtime.NumCPU(), runtime.GOMAXPROCS(0), bytes.TrimSpace(kernel), runtime.Version(), caddyV, mod[2:])
 	fmt.Fprintf(&t, "- Two processes on loopback: the proxy's (one Caddy, three sites on the upstream: `reverse_proxy`; `mcp_resume` + `reverse_proxy`; the same with `zone js` and `store nats { embedded }`, a single-node JetStream in the process, file storage) and the load process (a minimal MCP upstream on net/http that flushes every event, raw Streamable HTTP clients, protocol %s). Direct: the clients read the upstream, no proxy. Proxy CPU and allocations are the proxy process's own.\n", protocolVersion)
 	fmt.Fprintf(&t, "- mcp_resume options (both stores): `%s`", strings.Join(moduleOptions, "; "))
 	if r.metricsAfter.Series != nil {
@@ -188,6 +200,33 @@ func (r *report) markdown() string {
 	if n := r.cfg.replay[len(r.cfg.replay)-1]; len(r.resume[key{n, "mcp_resume"}]) > 0 {
 		eps := medianOf(r.resume[key{n, "mcp_resume"}], replayRate)
 		fmt.Fprintf(&t, "- issue 7: replay of %s events ≥ live throughput (1 stream, 1 KiB): %s vs %s ev/s → %s\n", groupDigits(n), num(eps), num(r.live()), met[eps >= r.live()])
+	}
+	return t.String() + r.appendix()
+}
+
+// appendix shows the top entries of the proxy's CPU profile (this run's and
+// a baseline's, if given) and the buffer package's micro-benchmarks.
+func (r *report) appendix() string {
+	var t strings.Builder
+	for _, p := range [][2]string{{"before: " + r.cfg.baseLabel, r.cfg.baseProfile}, {"after: this run", r.cfg.cpuprofile}} {
+		for _, args := range [][]string{{"-top", "-nodecount=20"}, {"-top", "-cum", "-show=mcp-resume", "-nodecount=16"}} {
+			if p[1] == "" {
+				continue
+			}
+			out, err := exec.Command("go", append(append([]string{"tool", "pprof"}, args...), p[1])...).CombinedOutput()
+			if err != nil {
+				out = []byte(err.Error() + "\n")
+			}
+			_, out, _ = bytes.Cut(out, []byte("Duration:")) // no file, build id, time
+			fmt.Fprintf(&t, "\n#### CPU profile of the proxy, %s (`go tool pprof %s`)\n\n```\nDuration:%s```\n", p[0], strings.Join(args, " "), out)
+		}
+	}
+	if r.cfg.gobench {
+		out, err := exec.Command("go", "test", "-run", "^$", "-bench", ".", "-benchmem", "./buffer", "./caddymodule").CombinedOutput()
+		if err != nil {
+			out = append(out, err.Error()...)
+		}
+		fmt.Fprintf(&t, "\n#### Micro-benchmarks of the memory store and the tap (`go test -run '^$' -bench . -benchmem ./buffer ./caddymodule`)\n\n```\n%s```\n", out)
 	}
 	return t.String()
 }
