@@ -29,11 +29,11 @@ import (
 
 // command is one run the proxy's process asks for.
 type command struct {
-	Op            string // throughput, latency, resume, memory
+	Op            string // throughput, latency, resume
 	Base          string // where the clients go: a proxy, or the upstream (direct)
-	Admin         string // Caddy's admin endpoint (resume; memory with mcp_resume)
+	Admin         string // Caddy's admin endpoint (resume)
 	Size, Streams int
-	Total         int // events over all streams; resume: retained events; memory: sessions
+	Total         int // events over all streams; resume: retained events
 }
 
 // result is what the load process measured; CPU is its own.
@@ -44,15 +44,12 @@ type result struct {
 	Elapsed, CPU    time.Duration
 	P50, P99, Max   float64 // latency, µs
 	TTFB, Fill      time.Duration
-	RetainedPayload int64 // message bytes the memory phase left retained
-	Retained        int64 // what retained_bytes counts for them
 }
 
 const (
 	protocolVersion = "2025-06-18" // resumable, no priming event
 	latencyEvery    = 2 * time.Millisecond
-	replaySize      = 1024 // resume and memory phases
-	retainEvents    = 4    // per session, in the memory phase
+	replaySize      = 1024 // resume phase
 )
 
 type loader struct {
@@ -73,7 +70,7 @@ func loadMain() error {
 	go (&http.Server{Handler: l.up, ReadHeaderTimeout: 10 * time.Second}).Serve(ln)
 	fmt.Println(ln.Addr().String())
 	ops := map[string]func(context.Context, command) (result, error){
-		"throughput": l.throughput, "latency": l.latency, "resume": l.resume, "memory": l.memory}
+		"throughput": l.throughput, "latency": l.latency, "resume": l.resume}
 	for l.in.Scan() {
 		var c command
 		if err := json.Unmarshal(l.in.Bytes(), &c); err != nil || ops[c.Op] == nil {
@@ -271,55 +268,6 @@ func (l *loader) resume(ctx context.Context, c command) (r result, err error) {
 	})
 	if r.Elapsed = time.Since(t1); err == nil && r.Events != int64(c.Total-pre) {
 		err = fmt.Errorf("replayed %d of %d events", r.Events, c.Total-pre)
-	}
-	return r, err
-}
-
-// memory opens Total idle sessions between two marks; with Admin set
-// (mcp_resume) each then retains one undelivered tools/call stream, and a
-// third mark comes once all of it is in the logs.
-func (l *loader) memory(ctx context.Context, c command) (r result, err error) {
-	l.mark()
-	cs, closeAll, err := l.open(ctx, c.Base, c.Total)
-	defer closeAll()
-	if err != nil {
-		return r, err
-	}
-	if l.mark(); c.Admin == "" {
-		return r, nil
-	}
-	before, err := mcptest.ScrapeMetrics(c.Admin + "/metrics")
-	if err != nil {
-		return r, err
-	}
-	err = mcptest.Parallel(c.Total, 8, func(i int) error {
-		token, release := l.hold()
-		defer release()
-		resp, err := call(ctx, cs[i], mcptest.StreamArgs{N: retainEvents, Size: replaySize, Hold: token})
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		return waitStream(c.Admin, cs[i].SessionID, 1, detached)
-	})
-	// Wait for every upstream response to be in the logs. A scrape reads
-	// counters before gauges: wait for the count, not only the reads' end.
-	want := float64(c.Total * (retainEvents + 1))
-	for deadline := time.Now().Add(2 * time.Minute); err == nil; time.Sleep(20 * time.Millisecond) {
-		m, err := mcptest.ScrapeMetrics(c.Admin + "/metrics")
-		if err != nil {
-			return r, err
-		}
-		d := func(k string) float64 { a, _ := m.Sum(k); b, _ := before.Sum(k); return a - b }
-		if l.up.Active() == 0 && d("caddy_mcp_resume_upstream_reads") == 0 && d("caddy_mcp_resume_events_enqueued_total") == want {
-			r.RetainedPayload = int64(c.Total) * retainEvents * replaySize // the responses are small
-			r.Retained = int64(d("caddy_mcp_resume_retained_bytes"))
-			l.mark()
-			return r, nil
-		}
-		if time.Now().After(deadline) {
-			return r, fmt.Errorf("timed out waiting for the upstream responses")
-		}
 	}
 	return r, err
 }

@@ -2,7 +2,7 @@
 // Caddy route without it (plain reverse_proxy) and with no proxy at all
 // (direct: the clients read the upstream, the limit of the machine):
 // streaming throughput, CPU and allocations per event, added latency,
-// resume (replay) cost, and memory per session.
+// and resume (replay) cost. Memory per session is tests/backpressure's.
 //
 // It runs as two processes. This one runs Caddy, in-process, with two sites
 // on one upstream (`mcp_resume` + `reverse_proxy`, and `reverse_proxy`
@@ -29,7 +29,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
@@ -43,15 +42,15 @@ import (
 )
 
 type config struct {
-	rounds                           int
-	phases                           map[string]bool
-	scale                            float64
-	sizes, streams, replay, sessions []int
-	cpuprofile, profileSetup         string
-	baseProfile, baseLabel           string
-	gobench                          bool
-	waitQuiet                        time.Duration
-	load                             bool
+	rounds                   int
+	phases                   map[string]bool
+	scale                    float64
+	sizes, streams, replay   []int
+	cpuprofile, profileSetup string
+	baseProfile, baseLabel   string
+	gobench                  bool
+	waitQuiet                time.Duration
+	load                     bool
 }
 
 func intList(s string) ([]int, error) {
@@ -71,17 +70,16 @@ func intList(s string) ([]int, error) {
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("mcp-resume-bench", flag.ContinueOnError)
 	c := config{phases: map[string]bool{}}
-	quick := fs.Bool("quick", false, "smoke run: 1 round, smaller runs, fewer sessions (not for publishing)")
+	quick := fs.Bool("quick", false, "smoke run: 1 round, smaller runs (not for publishing)")
 	fs.BoolVar(&c.load, "load", false, "internal: be the load process (upstream and clients)")
 	fs.IntVar(&c.rounds, "rounds", 5, "measured rounds per figure, after a warm-up round")
-	phases := fs.String("phases", "throughput,latency,resume,memory", "phases to run")
+	phases := fs.String("phases", "throughput,latency,resume", "phases to run")
 	only := fs.String("setups", strings.Join(setups, ","), "setups to measure (a subset of the default)")
 	fs.Float64Var(&c.scale, "scale", 1, "multiplier on events per throughput and latency run")
 	lists := map[string]*string{
-		"sizes":    fs.String("sizes", "100,1024,16384", "event sizes (JSON-RPC message bytes) for throughput"),
-		"streams":  fs.String("streams", "1,64", "concurrent streams (one session each) for throughput"),
-		"replay":   fs.String("replay", "1000,100000", "retained events per resume run"),
-		"sessions": fs.String("sessions", "1000,10000", "idle sessions for the memory phase"),
+		"sizes":   fs.String("sizes", "100,1024,16384", "event sizes (JSON-RPC message bytes) for throughput"),
+		"streams": fs.String("streams", "1,64", "concurrent streams (one session each) for throughput"),
+		"replay":  fs.String("replay", "1000,100000", "retained events per resume run"),
 	}
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the proxy in an extra pass of one setup's workloads")
 	fs.StringVar(&c.baseProfile, "base-profile", "", "a CPU profile from an earlier build (-cpuprofile there) to show beside this run's")
@@ -94,14 +92,14 @@ func parseFlags(args []string) (config, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for name, v := range map[string]string{"rounds": "1", "scale": "0.2", "replay": "1000,20000", "sessions": "1000"} {
+	for name, v := range map[string]string{"rounds": "1", "scale": "0.2", "replay": "1000,20000"} {
 		if *quick && !set[name] {
 			fs.Set(name, v)
 		}
 	}
 	for _, p := range strings.Split(*phases, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "throughput", "latency", "resume", "memory":
+		case "throughput", "latency", "resume":
 			c.phases[p] = true
 		case "":
 		default:
@@ -109,7 +107,7 @@ func parseFlags(args []string) (config, error) {
 		}
 	}
 	setups = slices.DeleteFunc(setups, func(s string) bool { return !slices.Contains(strings.Split(*only, ","), s) })
-	dst := map[string]*[]int{"sizes": &c.sizes, "streams": &c.streams, "replay": &c.replay, "sessions": &c.sessions}
+	dst := map[string]*[]int{"sizes": &c.sizes, "streams": &c.streams, "replay": &c.replay}
 	for name, v := range lists {
 		var err error
 		if *dst[name], err = intList(*v); err != nil || len(*dst[name]) == 0 {
@@ -202,7 +200,7 @@ func run(cfg config) error {
 	if cfg.waitQuiet > 0 {
 		b.waitQuiet()
 	}
-	rep := &report{cfg: cfg, tp: map[tpConfig]map[string][]tpRun{}, latency: map[string][]result{}, resume: map[key][]result{}, memory: map[key]memRun{}}
+	rep := &report{cfg: cfg, tp: map[tpConfig]map[string][]tpRun{}, latency: map[string][]result{}, resume: map[key][]result{}}
 	rep.metricsBefore, _ = mcptest.ScrapeMetrics(b.admin + "/metrics")
 	busy0, own0, started := b.cpuSample()
 	// Every setup, round by round (round 0 warms up), in another order each.
@@ -250,17 +248,6 @@ func run(cfg config) error {
 				rep.resume[key{n, s}] = append(rep.resume[key{n, s}], r)
 				logf("resume %7d events %-10s: fill %v, first event after %v, replay %.0f events/s", n, s,
 					r.Fill.Round(time.Microsecond), r.TTFB.Round(time.Microsecond), replayRate(r))
-			}
-		}
-	}
-	for _, n := range cfg.sessions {
-		for _, s := range []string{"plain", "mcp_resume"} {
-			if m, err := b.memory(s, n); err != nil {
-				return err
-			} else if cfg.phases["memory"] {
-				rep.memory[key{n, s}] = m
-				logf("memory %6d sessions %-10s: idle heap %s; retained heap %s for %s payload", n, s,
-					bytesStr(float64(m.idle)), bytesStr(float64(m.retained)), bytesStr(float64(m.RetainedPayload)))
 			}
 		}
 	}
@@ -410,39 +397,8 @@ func (b *bench) throughput(setup string, c tpConfig) (tpRun, error) {
 }
 
 type key struct {
-	n     int // sessions, or replayed events
+	n     int // replayed events
 	setup string
-}
-
-// memRun is the proxy's live heap growth for n idle sessions, then
-// (mcp_resume) once each retains a stream.
-type memRun struct {
-	result
-	idle, retained int64
-}
-
-func (b *bench) memory(setup string, n int) (memRun, error) {
-	if !b.cfg.phases["memory"] {
-		return memRun{}, nil
-	}
-	var heap []int64
-	c := command{Op: "memory", Base: b.bases[setup], Total: n}
-	if setup == "mcp_resume" {
-		c.Admin = b.admin
-	}
-	res, err := b.call(c, func() {
-		runtime.GC()
-		runtime.GC() // pooled buffers live through one collection
-		heap = append(heap, int64(readMetric("/gc/heap/live:bytes")))
-	})
-	if err != nil {
-		return memRun{}, fmt.Errorf("memory %d sessions, %s: %v", n, setup, err)
-	}
-	m := memRun{result: res, idle: heap[1] - heap[0]}
-	if len(heap) > 2 {
-		m.retained = heap[2] - heap[1]
-	}
-	return m, nil
 }
 
 // profile profiles this process (the proxy) in one more pass of the

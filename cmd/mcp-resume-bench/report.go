@@ -19,7 +19,6 @@ type report struct {
 	tp                          map[tpConfig]map[string][]tpRun
 	latency                     map[string][]result
 	resume                      map[key][]result
-	memory                      map[key]memRun
 	elapsed                     time.Duration
 	otherCores                  float64
 	metricsBefore, metricsAfter mcptest.Metrics
@@ -45,13 +44,6 @@ func (r *report) live() float64 {
 }
 
 func replayRate(x result) float64 { return float64(x.Events) / x.Elapsed.Seconds() }
-
-// beyond is the heap mcp_resume's proxy holds for n sessions retaining a
-// stream each, beyond the retained payload and what plain's holds.
-func (r *report) beyond(n int) float64 {
-	p, m := r.memory[key{n, "plain"}], r.memory[key{n, "mcp_resume"}]
-	return float64(m.idle+m.retained-m.RetainedPayload) - float64(p.idle)
-}
 
 type table struct{ strings.Builder }
 
@@ -165,16 +157,6 @@ func (r *report) markdown() string {
 			line("tap into the log with no client, "+label+", ev/s", per(func(x result) float64 { return float64(n-5) / x.Fill.Seconds() }, rs), num, "")
 		}
 	}
-	for _, n := range r.cfg.sessions {
-		p, okP := r.memory[key{n, "plain"}]
-		m, okM := r.memory[key{n, "mcp_resume"}]
-		if g := groupDigits(n); okP && okM {
-			t.row("proxy heap per idle session, "+g+" sessions", "—", bytesStr(float64(p.idle)/float64(n)), bytesStr(float64(m.idle)/float64(n)), "", "", "")
-			t.row(fmt.Sprintf("heap per retained payload byte, %s sessions × %d × 1 KiB", g, retainEvents), "—", "—",
-				fmt.Sprintf("%.2f B (retained_bytes %.2f B)", float64(m.retained)/float64(m.RetainedPayload), float64(m.Retained)/float64(m.RetainedPayload)), "", "", "")
-			t.row("mcp_resume's heap beyond retained payload ("+bytesStr(float64(m.RetainedPayload))+"), "+g+" sessions", "—", "—", bytesStr(r.beyond(n)), "", "", "")
-		}
-	}
 	t.WriteString("\n### Targets (as computed by this run)\n\n")
 	met := map[bool]string{true: "**met**", false: "**not met**"}
 	for _, c := range cfgs {
@@ -193,9 +175,6 @@ func (r *report) markdown() string {
 		if eps := r.tp1(c, "jetstream", tpRun.eventsPerSec); c.size == 1024 && len(r.tp[c]) > 0 {
 			fmt.Fprintf(&t, "- issue 11: JetStream store above 50k events/s of 1 KiB, %s: %s → %s\n", c.key(), num(eps), met[eps > 50e3])
 		}
-	}
-	if n := r.cfg.sessions[len(r.cfg.sessions)-1]; r.memory[key{n, "mcp_resume"}].RetainedPayload > 0 {
-		fmt.Fprintf(&t, "- issue 7: %s sessions in ≤ 64 MiB beyond retained payload: %s → %s\n", groupDigits(n), bytesStr(r.beyond(n)), met[r.beyond(n) <= 64<<20])
 	}
 	if n := r.cfg.replay[len(r.cfg.replay)-1]; len(r.resume[key{n, "mcp_resume"}]) > 0 {
 		eps := medianOf(r.resume[key{n, "mcp_resume"}], replayRate)

@@ -70,16 +70,6 @@ func ratioStr(v float64) string {
 
 func usStr(v float64) string { return num(v) + " µs" }
 
-// bytesStr formats a byte count in binary units: 1536 -> "1.50 KiB".
-func bytesStr(v float64) string {
-	for i, unit := range []string{"GiB", "MiB", "KiB"} {
-		if size := float64(int64(1) << (30 - 10*i)); math.Abs(v) >= size {
-			return strconv.FormatFloat(v/size, 'f', 2, 64) + " " + unit
-		}
-	}
-	return strconv.FormatFloat(v, 'f', 0, 64) + " B"
-}
-
 func sizeName(size int) string {
 	if size%1024 == 0 {
 		return fmt.Sprintf("%d KiB", size/1024)
