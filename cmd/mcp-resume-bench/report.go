@@ -76,7 +76,7 @@ func (r *report) markdown() string {
 	model, _, _ = strings.Cut(model, "\n")
 	kernel, _ := os.ReadFile("/proc/sys/kernel/osrelease")
 	fmt.Fprintf(&t, "## direct, plain reverse_proxy, mcp_resume (memory and JetStream stores)\n\n- `%s`\n- %s, %d cores (GOMAXPROCS %d), Linux %s, Go %s, Caddy %s, module %s\n",
-		strings.Join(os.Args, " "), model, runtime.NumCPU(), runtime.GOMAXPROCS(0), bytes.TrimSpace(kernel), runtime.Version(), caddyV, mod[2:])
+		strings.Join(append([]string{"go run ./cmd/mcp-resume-bench"}, os.Args[1:]...), " "), model, runtime.NumCPU(), runtime.GOMAXPROCS(0), bytes.TrimSpace(kernel), runtime.Version(), caddyV, mod[2:])
 	fmt.Fprintf(&t, "- Two processes on loopback: the proxy's (one Caddy, three sites on the upstream: `reverse_proxy`; `mcp_resume` + `reverse_proxy`; the same with `zone js` and `store nats { embedded }`, a single-node JetStream in the process, file storage) and the load process (a minimal MCP upstream on net/http that flushes every event, raw Streamable HTTP clients, protocol %s). Direct: the clients read the upstream, no proxy. Proxy CPU and allocations are the proxy process's own.\n", protocolVersion)
 	fmt.Fprintf(&t, "- mcp_resume options (both stores): `%s`", strings.Join(moduleOptions, "; "))
 	if r.metricsAfter.Series != nil {
