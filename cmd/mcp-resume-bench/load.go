@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -209,17 +208,6 @@ func waitStream(admin, sid string, num uint32, cond func(buffer.StreamInfo) bool
 	return fmt.Errorf("session %s stream %d: timed out", sid, num)
 }
 
-func detached(st buffer.StreamInfo) bool { return !st.Connected }
-
-// hold makes the upstream wait in the next call that names the token.
-func (l *loader) hold() (token string, release func()) {
-	var b [8]byte
-	rand.Read(b[:])
-	token = hex.EncodeToString(b[:])
-	l.up.Hold(token)
-	return token, func() { l.up.Release(token) }
-}
-
 // resume: a client reads 5 events and drops; once the proxy has seen it
 // go, the upstream writes the rest into the log (Fill, no client); a GET
 // with the last Last-Event-ID then replays them to the end.
@@ -230,8 +218,9 @@ func (l *loader) resume(ctx context.Context, c command) (r result, err error) {
 	if err != nil {
 		return r, err
 	}
-	token, release := l.hold()
-	defer release()
+	token := rand.Text() // the upstream holds the call until released
+	l.up.Hold(token)
+	defer l.up.Release(token) // idempotent
 	resp, err := call(ctx, cs[0], mcptest.StreamArgs{N: c.Total, Size: replaySize, Pre: pre, Hold: token})
 	if err != nil {
 		return r, err
@@ -247,11 +236,11 @@ func (l *loader) resume(ctx context.Context, c command) (r result, err error) {
 	}
 	// Release the upstream only once the proxy has seen the client leave,
 	// so every further event stays undelivered in the log.
-	if err := waitStream(c.Admin, cs[0].SessionID, id.Stream, detached); err != nil {
+	if err := waitStream(c.Admin, cs[0].SessionID, id.Stream, func(st buffer.StreamInfo) bool { return !st.Connected }); err != nil {
 		return r, err
 	}
 	t0 := time.Now()
-	release()
+	l.up.Release(token)
 	if err := waitStream(c.Admin, cs[0].SessionID, id.Stream, func(st buffer.StreamInfo) bool { return st.State != "live" }); err != nil {
 		return r, err
 	}

@@ -106,7 +106,7 @@ func parseFlags(args []string) (config, error) {
 			return c, fmt.Errorf("-phases: unknown phase %q", p)
 		}
 	}
-	setups = slices.DeleteFunc(setups, func(s string) bool { return !slices.Contains(strings.Split(*only, ","), s) })
+	setups = slices.DeleteFunc(slices.Clone(allSetups), func(s string) bool { return !slices.Contains(strings.Split(*only, ","), s) })
 	dst := map[string]*[]int{"sizes": &c.sizes, "streams": &c.streams, "replay": &c.replay}
 	for name, v := range lists {
 		var err error
@@ -177,7 +177,9 @@ type bench struct {
 // reverse_proxy, through mcp_resume with the memory store, and with the
 // JetStream store (an embedded single-node server in Caddy's data
 // directory, file storage).
-var setups = []string{"direct", "plain", "mcp_resume", "jetstream"}
+var allSetups = []string{"direct", "plain", "mcp_resume", "jetstream"}
+
+var setups = allSetups // those -setups measures
 
 func retaining(s string) bool { return s == "mcp_resume" || s == "jetstream" }
 

@@ -92,11 +92,13 @@ func (r *report) markdown() string {
 	// mcp_resume/plain (with the difference if diff is set), then each/direct.
 	line := func(label string, v map[string]float64, format func(float64) string, diff string) {
 		cells := []string{label}
-		for _, s := range setups {
+		for _, s := range allSetups {
 			cells = append(cells, map[bool]string{true: format(v[s]), false: "—"}[v[s] > 0.001])
 		}
 		mp := ratioStr(ratio(v["mcp_resume"], v["plain"]))
-		if diff != "" {
+		if !(v["plain"] > 0.001) {
+			mp = "—"
+		} else if diff != "" {
 			mp += fmt.Sprintf(" (%+.2f"+diff+")", v["mcp_resume"]-v["plain"])
 		}
 		var vd []string
@@ -115,7 +117,7 @@ func (r *report) markdown() string {
 	cfgs := r.cfg.tpConfigs()
 	tps := func(c tpConfig, f func(tpRun) float64) map[string]float64 {
 		v := map[string]float64{}
-		for _, s := range setups {
+		for _, s := range allSetups {
 			v[s] = r.tp1(c, s, f)
 		}
 		return v
