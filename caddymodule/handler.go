@@ -125,15 +125,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	var backend StoreModule = MemoryStore{}
-	h.storeKey = "memory"
 	if h.StoreRaw != nil {
-		h.storeKey = string(h.StoreRaw) // the store's configuration: another one is another store
 		mod, err := ctx.LoadModule(h, "StoreRaw")
 		if err != nil {
 			return fmt.Errorf("mcp_resume: store: %v", err)
 		}
 		backend = mod.(StoreModule)
 	}
+	h.storeKey = backend.Identity(h.Zone) // another store is another zone
 	drain := DefaultDrainTimeout
 	if n, ok := backend.(*NATSStore); ok {
 		drain = n.drainTimeout()
@@ -158,6 +157,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		_ = events.On("stopping", eventHandler(func() {
 			if caddy.Exiting() {
 				z.exiting()
+				boundDrainsLeftByReload()
 			}
 		}))
 	}

@@ -43,6 +43,7 @@ func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next c
 	defer t.close()
 	defer context.AfterFunc(h.zone.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
 	t.lastID = stream.UpstreamCursor()
+	t.startID = t.lastID
 	answerNow := gap || rd.Next() <= stream.View().Head
 	var out http.ResponseWriter = h.sessionWatch(w, sess.ID())
 	start := func(http.Header) bool {

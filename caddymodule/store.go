@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -32,6 +33,11 @@ type StoreModule interface {
 	// Shared reports a store other processes see: on exit, a replica drains
 	// its upstream reads into it instead of cancelling them.
 	Shared() bool
+	// Identity names the store this configuration opens for zone: a reload
+	// to a configuration of the same identity keeps the zone, its retention
+	// and its running calls. Defaults spelled out are not another identity,
+	// nor are options a reload applies in place.
+	Identity(zone string) string
 }
 
 // StoreOptions is what every store gets from the handler.
@@ -69,6 +75,10 @@ func (MemoryStore) OpenStore(_ context.Context, zone string, o StoreOptions) (bu
 
 // Shared implements StoreModule.
 func (MemoryStore) Shared() bool { return false }
+
+// Identity implements StoreModule: `store memory` spelled out is the
+// default, not another store.
+func (MemoryStore) Identity(string) string { return "memory" }
 
 // UnmarshalCaddyfile implements caddyfile.Unmarshaler: `store memory`.
 func (MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -120,8 +130,8 @@ type NATSStore struct {
 	Prefix string `json:"prefix,omitempty"`
 
 	// How long a stopping Caddy keeps reading its upstream responses into
-	// the store (not taking new calls) before it fails the rest. Caddy's
-	// grace_period, if shorter, bounds it too. Default: 20s.
+	// the store (not taking new calls) before it fails the rest; Caddy
+	// exits after it. Default: 20s.
 	DrainTimeout caddy.Duration `json:"drain_timeout,omitempty"`
 
 	// How long a producer's lease outlives a replica that died without
@@ -189,10 +199,6 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 	if prefix == "" {
 		prefix = "mcpr_" + zone
 	}
-	dir := repl.ReplaceKnown(n.Dir, "")
-	if n.Embedded && dir == "" {
-		dir = filepath.Join(caddy.AppDataDir(), "mcp_resume", "nats")
-	}
 	urls := make([]string, len(n.URLs))
 	for i, u := range n.URLs {
 		urls[i] = repl.ReplaceKnown(u, "")
@@ -200,7 +206,7 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 	var srv *embeddedServer
 	if n.Embedded {
 		var err error
-		if srv, err = loadEmbedded(dir); err != nil {
+		if srv, err = loadEmbedded(n.embeddedDir()); err != nil {
 			return nil, err
 		}
 	}
@@ -297,6 +303,37 @@ func (s *embeddedStore) Close() {
 
 // Shared implements StoreModule.
 func (NATSStore) Shared() bool { return true }
+
+// Identity implements StoreModule: the configuration with its defaults
+// filled in, without drain_timeout (a reload applies it to the running
+// zone).
+func (n NATSStore) Identity(zone string) string {
+	n.DrainTimeout = 0
+	n.Replicas = max(n.Replicas, 1)
+	if n.Prefix == "" {
+		n.Prefix = "mcpr_" + zone
+	}
+	if n.LeaseTTL == 0 {
+		n.LeaseTTL = caddy.Duration(natsstore.DefaultLeaseTTL)
+	}
+	if n.Embedded {
+		n.Dir = n.embeddedDir()
+	}
+	b, _ := json.Marshal(n)
+	return "nats" + string(b)
+}
+
+// embeddedDir is the embedded server's storage directory, absolute.
+func (n NATSStore) embeddedDir() string {
+	dir := caddy.NewReplacer().ReplaceKnown(n.Dir, "")
+	if dir == "" {
+		dir = filepath.Join(caddy.AppDataDir(), "mcp_resume", "nats")
+	}
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	return dir
+}
 
 func (n NATSStore) drainTimeout() time.Duration {
 	if n.DrainTimeout > 0 {

@@ -1,10 +1,8 @@
 package caddymodule
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"time"
 
@@ -54,7 +52,11 @@ type upstreamTap struct {
 	// The upstream's own cursor on this stream, never shown to clients.
 	lastID string
 	retry  time.Duration
-	recent []string // the last upstream IDs taken, oldest first
+	recent []taken // the last upstream IDs taken, oldest first
+	// startID is the cursor the tap started from; lastSeq the last event
+	// it appended.
+	startID string
+	lastSeq uint64
 
 	parser sse.Parser
 	// The events of one upstream write, appended together when it has been
@@ -91,7 +93,7 @@ func (t *upstreamTap) tie(sess buffer.Session) {
 // standalone stream (its client reconnects, which opens a new upstream GET).
 func (t *upstreamTap) close() {
 	if t.stream != nil {
-		t.stream.SetUpstreamCursor(t.lastID) // before the role goes: the next producer resumes from it
+		t.stream.SetUpstreamCursor(t.storedCursor()) // before the role goes: the next producer resumes from it
 		t.stream.ReleaseProducer()
 	}
 	if t.relayDone != nil {
@@ -184,7 +186,7 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		if err := t.flush(); err != nil {
 			return err
 		}
-		t.took(upstreamID{ev.ID, ev.HasID})
+		t.took(upstreamID{ev.ID, ev.HasID}, t.lastSeq)
 		return nil
 	}
 	// Stored without the upstream's id and retry (the proxy follows the
@@ -208,6 +210,9 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		if err := t.flush(); err != nil { // what came before it goes in
 			return err
 		}
+		// The stream fails with this event reported lost, so the cursor
+		// moves past it: asked for again, it would fail every later GET.
+		t.took(upstreamID{ev.ID, ev.HasID}, t.lastSeq)
 		return errTooLarge
 	}
 	t.batch = append(t.batch, buffer.Entry{Fields: fields, Answers: t.answers(ev.Data)})
@@ -252,8 +257,8 @@ func (t *upstreamTap) flush() error {
 				zap.Uint64("seq", seq), zap.Int("bytes", len(e.Fields)), zap.Strings("answers", e.Answers), zap.Error(ierr))
 		}
 	}
-	for _, id := range t.batchIDs[:n] {
-		t.took(id)
+	for i, id := range t.batchIDs[:n] {
+		t.took(id, last-uint64(n-1-i))
 	}
 	for _, e := range t.batch[n:] {
 		t.pending = append(t.pending, e.Answers...)
@@ -269,11 +274,13 @@ func (t *upstreamTap) flush() error {
 	return err
 }
 
-// took records that the stream has an upstream event: its ID becomes the cursor
-// the next upstream request resumes from. Only then: an event whose append
-// failed (a drain or a session end cut it short) must be asked for again.
-func (t *upstreamTap) took(id upstreamID) {
+// took records that the stream has an upstream event, up to seq: its ID
+// becomes the cursor the next upstream request resumes from. Only then: an
+// event whose append failed (a drain or a session end cut it short) must
+// be asked for again.
+func (t *upstreamTap) took(id upstreamID, seq uint64) {
 	t.progress = true
+	t.lastSeq = max(t.lastSeq, seq)
 	if !id.has {
 		return
 	}
@@ -281,7 +288,7 @@ func (t *upstreamTap) took(id upstreamID) {
 	if len(t.recent) == recentUpstream {
 		t.recent = append(t.recent[:0], t.recent[1:]...)
 	}
-	t.recent = append(t.recent, id.id)
+	t.recent = append(t.recent, taken{id.id, seq})
 }
 
 // upstreamID is an upstream event's id field, if it had one.
@@ -290,10 +297,16 @@ type upstreamID struct {
 	has bool
 }
 
+// taken is an upstream event ID the stream has, up to its seq.
+type taken struct {
+	id  string
+	seq uint64
+}
+
 // seenID reports whether the stream has the upstream's event id already.
 func (t *upstreamTap) seenID(id string) bool {
 	for _, s := range t.recent {
-		if s == id {
+		if s.id == id {
 			return true
 		}
 	}
@@ -303,6 +316,27 @@ func (t *upstreamTap) seenID(id string) bool {
 		}
 	}
 	return false
+}
+
+// storedCursor is the upstream cursor of the last event the store holds for
+// good. A shared store takes appends before JetStream stored them: if some
+// never are (NATS refused them until the process stopped), the next
+// producer must ask the upstream for them again, not resume after them.
+func (t *upstreamTap) storedCursor() string {
+	d, ok := t.stream.(interface{ WaitStored() uint64 })
+	if !ok || t.stream.Num() != policy.StandaloneNum {
+		return t.lastID // a request stream is never resumed upstream by another producer
+	}
+	stored := d.WaitStored()
+	if stored >= t.lastSeq {
+		return t.lastID
+	}
+	for i := len(t.recent) - 1; i >= 0; i-- {
+		if t.recent[i].seq <= stored {
+			return t.recent[i].id
+		}
+	}
+	return t.startID
 }
 
 // answers returns the pending request ids that data answers, and forgets
@@ -373,295 +407,4 @@ func (t *upstreamTap) fail(reason policy.Reason) {
 	head := eventid.Append(nil, t.sess.Epoch(), t.stream.Num(), t.stream.View().Head)
 	gaps.WithLabelValues(string(reason)).Inc()
 	t.stream.Fail(reason, failureSignals(reason, string(head), t.pending)...)
-}
-
-// reconnectRequest is the GET that resumes the upstream's stream: the
-// client's headers (session, version, credentials), the upstream's own
-// Last-Event-ID when it gave one.
-func (t *upstreamTap) reconnectRequest() *http.Request {
-	req := t.client.Clone(t.ctx)
-	req.Method = http.MethodGet
-	req.Body, req.ContentLength, req.GetBody = http.NoBody, 0, nil
-	for _, k := range []string{"Content-Type", "Content-Length", "Accept-Encoding", hdrLastEventID, "Expect"} {
-		req.Header.Del(k)
-	}
-	req.Header.Set("Accept", "text/event-stream")
-	if t.lastID != "" {
-		req.Header.Set(hdrLastEventID, t.lastID)
-	}
-	return req
-}
-
-// upstreamRequest is the client's request as the tap forwards it: detached,
-// and asking for an uncompressed response, which the tap must read.
-func (t *upstreamTap) upstreamRequest(r *http.Request) *http.Request {
-	req := r.Clone(t.ctx)
-	req.Header.Del("Accept-Encoding")
-	return req
-}
-
-// delay is how long to wait before reconnect attempt n (from 0): the
-// upstream's retry: if it sent one, else a backoff.
-func (t *upstreamTap) delay(n int) time.Duration {
-	if t.retry > 0 {
-		return min(t.retry, reconnectMax)
-	}
-	d := reconnectFirst
-	for i := 0; i < n && d < reconnectMax; i++ {
-		d = d * 3 / 2
-	}
-	return min(d, reconnectMax)
-}
-
-func (t *upstreamTap) sleep(d time.Duration) bool {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return true
-	case <-t.ctx.Done():
-		return false
-	}
-}
-
-// sessionGone handles an upstream 404 for the session: it no longer exists
-// there, so it ends here too.
-func (h *Handler) sessionGone(sid string, status int) bool {
-	if status != http.StatusNotFound {
-		return false
-	}
-	h.zone.store.Delete(sid, policy.ReasonDeleted)
-	return true
-}
-
-// followRequest keeps a request stream fed until each of its requests is
-// answered: after the first response ends early, it resumes the upstream's
-// stream with GETs, within maxReconnects attempts without progress and
-// never past stall_timeout without progress; else the stream fails loudly.
-func (t *upstreamTap) followRequest(first attemptResult) {
-	res := first
-	attempts := 0
-	lastProgress := time.Now()
-	for {
-		switch {
-		case t.failure != nil || res.proxied != nil && res.tapped:
-			t.fail(t.failureReason(t.failure, res.broken))
-			return
-		case len(t.pending) == 0:
-			t.stream.Complete()
-			return
-		case t.ctx.Err() != nil:
-			return // the session ended, or Caddy is exiting
-		case t.h.sessionGone(t.sess.ID(), res.status):
-			return
-		case res.tapped && t.lastID == "":
-			// Ended early with no way to ask for the rest.
-			t.fail(t.failureReason(nil, res.broken))
-			return
-		case !res.tapped && attempts > 0 && refused(res.status):
-			t.h.reconnected(t, attempts, res, "refused")
-			t.fail(policy.ReasonUpstreamFailed)
-			return
-		}
-		if t.progress {
-			attempts, lastProgress = 0, time.Now()
-		}
-		d := t.delay(attempts)
-		if attempts >= maxReconnects || time.Since(lastProgress)+d > time.Duration(t.h.StallTimeout) {
-			upstreamReconnects.WithLabelValues("exhausted").Inc()
-			t.h.logger.Warn("upstream reconnects exhausted: stream failed",
-				zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()),
-				zap.String("upstream_last_event_id", truncate(t.lastID, 80)), zap.Int("attempts", attempts))
-			t.fail(policy.ReasonUpstreamFailed)
-			return
-		}
-		if !t.sleep(d) {
-			return
-		}
-		attempts++
-		res = t.attempt(t.reconnectRequest(), discard(), func(http.Header) bool { return true }, true)
-		t.h.reconnected(t, attempts, res, "")
-	}
-}
-
-// refused reports a status that a reconnect must not retry: the upstream
-// does not know the stream or will not serve it. 409 (the upstream still
-// holds the old connection) and 429 pass with time; 5xx may too.
-func refused(status int) bool {
-	return status >= 400 && status < 500 && status != http.StatusConflict && status != http.StatusTooManyRequests
-}
-
-// reconnected logs and counts one reconnect attempt.
-func (h *Handler) reconnected(t *upstreamTap, attempt int, res attemptResult, outcome string) {
-	if outcome == "" {
-		switch {
-		case res.tapped:
-			outcome = "resumed"
-		case refused(res.status):
-			outcome = "refused"
-		default:
-			outcome = "failed"
-		}
-	}
-	upstreamReconnects.WithLabelValues(outcome).Inc()
-	fields := []zap.Field{zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()),
-		zap.String("upstream_last_event_id", truncate(t.lastID, 80)), zap.Int("attempt", attempt),
-		zap.String("outcome", outcome), zap.Int("status", res.status)}
-	if res.proxied != nil {
-		fields = append(fields, zap.NamedError("error", res.proxied))
-	}
-	h.logger.Info("upstream reconnect", fields...)
-}
-
-// followStandalone keeps the standalone stream fed while the session lives:
-// when the upstream's GET ends it reconnects (with its Last-Event-ID if it
-// gave IDs; without, while a client reads the stream), so a server that
-// closes its GET stream on purpose or a dropped connection loses nothing
-// the upstream can resend. It stops on the session's end, a refusal, a
-// failure of the stream (its signal is in the log), or maxReconnects
-// attempts without progress; the next client GET starts it again.
-func (t *upstreamTap) followStandalone(first attemptResult) {
-	res := first
-	attempts := 0
-	for {
-		if t.failure != nil {
-			t.fail(t.failureReason(t.failure, res.broken))
-			return
-		}
-		if t.ctx.Err() != nil || t.h.sessionGone(t.sess.ID(), res.status) || refused(res.status) && !res.tapped {
-			return
-		}
-		if res.tapped && t.lastID == "" && !t.stream.Connected() {
-			return // nothing to catch up on and no one waiting: the next client GET reopens it
-		}
-		if t.progress || res.tapped && res.status == http.StatusOK && !res.broken {
-			attempts = 0
-		}
-		if attempts >= maxReconnects {
-			upstreamReconnects.WithLabelValues("exhausted").Inc()
-			return
-		}
-		if !t.sleep(t.delay(attempts)) {
-			return
-		}
-		attempts++
-		res = t.attempt(t.reconnectRequest(), discard(), func(http.Header) bool { return true }, false)
-		t.h.reconnected(t, attempts, res, "")
-	}
-}
-
-// tapWriter is the ResponseWriter handed to the next handler (reverse_proxy)
-// for one upstream request of a tap. Once tapping, it never touches the
-// client: it parses the SSE body into events and appends them to the log,
-// blocking while the log is full, and never reports a client error, so the
-// upstream read carries on after the client is gone. The relay writes the
-// log to the client.
-type tapWriter struct {
-	*caddyhttp.ResponseWriterWrapper
-	t        *upstreamTap
-	start    func(http.Header) bool // at a tappable response: set up the stream (and the client side); false: pass it on
-	answered func()                 // if set, called once every request is answered: stop reading
-	status   int
-	tapping  bool
-}
-
-func (tw *tapWriter) WriteHeader(status int) {
-	if status < 200 { // informational (103 Early Hints): pass on
-		if !tw.tapping && tw.status == 0 {
-			tw.ResponseWriterWrapper.WriteHeader(status)
-		}
-		return
-	}
-	if tw.status != 0 {
-		return
-	}
-	tw.status = status
-	if tappable(status, tw.Header()) && tw.start(tw.Header()) {
-		tw.tapping = true
-		return
-	}
-	if status == http.StatusOK && tw.Header().Get("Content-Encoding") != "" && isEventStreamType(tw.Header()) {
-		tw.t.h.logger.Warn("upstream compressed its SSE response although asked not to; passed through untapped",
-			zap.String("content_encoding", tw.Header().Get("Content-Encoding")))
-		untapped.WithLabelValues("compressed").Inc()
-	}
-	tw.ResponseWriterWrapper.WriteHeader(status)
-}
-
-func (tw *tapWriter) Write(p []byte) (int, error) {
-	if tw.status == 0 {
-		tw.WriteHeader(http.StatusOK)
-	}
-	if !tw.tapping {
-		return tw.ResponseWriterWrapper.Write(p)
-	}
-	t := tw.t
-	if t.failure != nil {
-		return 0, t.failure
-	}
-	err := t.parser.Feed(p, t.onEvent)
-	if err == nil {
-		err = t.flush() // before p goes back to reverse_proxy
-	} else {
-		t.flush() // what came before the error goes in; the error is the one to report
-	}
-	if err != nil {
-		// reverse_proxy stops reading the upstream and aborts: the stream
-		// cannot go on (a stall, an oversized event, the session's end).
-		t.failure = err
-		return 0, err
-	}
-	if tw.answered != nil && len(t.pending) == 0 {
-		tw.answered()
-	}
-	return len(p), nil
-}
-
-// FlushError implements the flusher that http.ResponseController looks for
-// first. While tapping, the relay flushes the client; here there is nothing to do.
-func (tw *tapWriter) FlushError() error {
-	if tw.tapping {
-		return nil
-	}
-	return http.NewResponseController(tw.ResponseWriterWrapper.ResponseWriter).Flush()
-}
-
-// ReadFrom hides ResponseWriterWrapper.ReadFrom, which would bypass Write.
-func (tw *tapWriter) ReadFrom(r io.Reader) (int64, error) {
-	return io.Copy(struct{ io.Writer }{tw}, r)
-}
-
-func isEventStreamType(h http.Header) bool {
-	return bytes.HasPrefix([]byte(h.Get("Content-Type")), []byte("text/event-stream"))
-}
-
-// discardWriter is where a reconnect's response goes when it is not
-// tapped: nowhere (the client's response is the relay's).
-type discardWriter struct{ h http.Header }
-
-func discard() *discardWriter                        { return &discardWriter{h: http.Header{}} }
-func (d *discardWriter) Header() http.Header         { return d.h }
-func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
-func (d *discardWriter) WriteHeader(int)             {}
-
-// statusWriter passes a response through and reports its status.
-type statusWriter struct {
-	*caddyhttp.ResponseWriterWrapper
-	onStatus func(int)
-	done     bool
-}
-
-func (s *statusWriter) WriteHeader(status int) {
-	if !s.done && status >= 200 {
-		s.done = true
-		s.onStatus(status)
-	}
-	s.ResponseWriterWrapper.WriteHeader(status)
-}
-
-func (s *statusWriter) Write(p []byte) (int, error) {
-	if !s.done {
-		s.WriteHeader(http.StatusOK)
-	}
-	return s.ResponseWriterWrapper.Write(p)
 }

@@ -32,7 +32,7 @@ var zones = caddy.NewUsagePool()
 type zone struct {
 	name    string
 	backend StoreModule
-	drain   time.Duration // how long a stopping process drains into a shared store
+	drain   atomic.Int64 // how long a stopping process drains into a shared store (a reload may change it)
 
 	// store is set once, before ready closes. A shared store is opened when
 	// Caddy has started (never by `caddy validate`) and retried until it
@@ -40,34 +40,119 @@ type zone struct {
 	store    buffer.Store
 	ready    chan struct{}
 	openOnce sync.Once
+	openMu   sync.Mutex      // a store that opens as the zone closes is closed, not leaked
 	ctx      context.Context // ends when the zone is destructed
 	cancel   context.CancelFunc
 
 	// stopCtx ends when this process stops serving the zone: detached
 	// upstream reads and relays end with it. On exit it ends at once for
 	// the memory store, and after the drain for a shared one.
-	stopCtx  context.Context
-	stop     context.CancelFunc
-	exitOnce sync.Once
-	draining atomic.Bool     // no new calls: the process is stopping
-	drainCtx context.Context // ends when the drain starts: standalone reads, which never end by themselves, end with it
-	drained  context.CancelFunc
-	reads    atomic.Int64   // calls whose upstream response is being read
-	taps     sync.WaitGroup // every upstream tap, until it has closed
+	stopCtx    context.Context
+	stop       context.CancelFunc
+	exitOnce   sync.Once
+	draining   atomic.Bool     // no new calls: the process is stopping
+	drainUntil atomic.Int64    // when the drain gives up on running calls (unix ns); 0: when they end
+	drainCtx   context.Context // ends when the drain starts: standalone reads, which never end by themselves, end with it
+	drained    context.CancelFunc
+	reads      atomic.Int64   // calls whose upstream response is being read
+	taps       sync.WaitGroup // every upstream tap, until it has closed
 
 	logger        atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
 	limits        atomic.Pointer[buffer.Limits]
 	maxEventBytes atomic.Int64
 }
 
-// Destruct implements caddy.Destructor.
+// Destruct implements caddy.Destructor. It comes when no configuration
+// holds the zone any more: the process exits, Caddy stops, or a reload
+// moved the zone's handlers to another store. A shared store drains on exit
+// and on such a reload (in the background then: the new configuration
+// serves meanwhile, and what the old zone's calls read lands in the same
+// shared store).
 func (z *zone) Destruct() error {
+	if z.backend.Shared() {
+		switch {
+		case caddy.Exiting():
+			z.exiting()
+			// Caddy's shutdown waits for the requests it tracks only: a call
+			// whose client was cut is read on after its connection was
+			// taken from the server, so the drain is waited for here.
+			<-z.stopCtx.Done()
+		case z.succeeded():
+			z.drainAfterReload()
+			return nil
+		}
+	}
+	z.close()
+	return nil
+}
+
+// leftByReload are the zones draining after a reload moved their handlers
+// to another store. No configuration holds them, so an exit waits for them
+// here, each bounded by its drain_timeout from the exit on.
+var leftByReload struct {
+	sync.Mutex
+	zones  map[*zone]struct{}
+	closed sync.WaitGroup
+	hook   sync.Once
+}
+
+// drainAfterReload drains the zone in the background, with no bound while
+// the process runs (every call ends by itself: its upstream answers, stalls
+// or its session goes), then closes it.
+func (z *zone) drainAfterReload() {
+	leftByReload.Lock()
+	if leftByReload.zones == nil {
+		leftByReload.zones = map[*zone]struct{}{}
+	}
+	leftByReload.zones[z] = struct{}{}
+	leftByReload.closed.Add(1)
+	leftByReload.Unlock()
+	leftByReload.hook.Do(func() {
+		caddy.OnExit(func(context.Context) {
+			boundDrainsLeftByReload()
+			leftByReload.closed.Wait()
+		})
+	})
+	z.startDrain("a reload moved the zone to another store", false)
+	go func() {
+		defer leftByReload.closed.Done()
+		<-z.stopCtx.Done()
+		z.close()
+		leftByReload.Lock()
+		delete(leftByReload.zones, z)
+		leftByReload.Unlock()
+	}()
+}
+
+// boundDrainsLeftByReload gives the zones a reload left drain_timeout from
+// now: the process is exiting.
+func boundDrainsLeftByReload() {
+	leftByReload.Lock()
+	defer leftByReload.Unlock()
+	for z := range leftByReload.zones {
+		z.drainUntil.CompareAndSwap(0, time.Now().Add(time.Duration(z.drain.Load())).UnixNano())
+	}
+}
+
+// succeeded reports whether another zone of the same name is loaded: the
+// configuration that replaces this zone's.
+func (z *zone) succeeded() bool {
+	found := false
+	zones.Range(func(_, v any) bool {
+		if o := v.(*zone); o != z && o.name == z.name {
+			found = true
+		}
+		return !found
+	})
+	return found
+}
+
+// close ends the zone: its reads, then its store.
+func (z *zone) close() {
 	z.stop()
 	z.cancel()
 	// The taps end at once now, but they still write what they owe the store
-	// as they close (a standalone stream's upstream cursor, the last batch):
-	// Caddy's shutdown does not wait for them, since a cut client's
-	// connection was hijacked away from the server's tracking.
+	// as they close (a standalone stream's upstream cursor, the last batch).
 	tapsClosed := make(chan struct{})
 	go func() { z.taps.Wait(); close(tapsClosed) }()
 	select {
@@ -75,12 +160,13 @@ func (z *zone) Destruct() error {
 	case <-time.After(10 * time.Second):
 		z.logger.Load().Warn("upstream taps still closing after 10s; closing the store anyway", zap.String("zone", z.name))
 	}
+	z.openMu.Lock()
+	defer z.openMu.Unlock()
 	select {
 	case <-z.ready:
 		z.store.Close()
-	default:
+	default: // connect sees the zone's context end, and closes what it opened
 	}
-	return nil
 }
 
 func zoneKey(name, storeKey string) string { return "mcp_resume/" + name + "/" + storeKey }
@@ -104,6 +190,7 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 		z.logger.Store(logger)
 		z.limits.Store(&l)
 		z.maxEventBytes.Store(maxEvent)
+		z.drain.Store(int64(drain))
 		select {
 		case <-z.ready:
 			z.store.SetLimits(l)
@@ -115,7 +202,8 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 
 // newZone makes a zone whose store is not open yet.
 func newZone(name string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64, logger *zap.Logger) *zone {
-	z := &zone{name: name, backend: backend, drain: drain, ready: make(chan struct{})}
+	z := &zone{name: name, backend: backend, ready: make(chan struct{})}
+	z.drain.Store(int64(drain))
 	z.ctx, z.cancel = context.WithCancel(context.Background())
 	z.stopCtx, z.stop = context.WithCancel(context.Background())
 	z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
@@ -149,9 +237,16 @@ func (z *zone) connect() {
 		st, err := z.backend.OpenStore(ctx, z.name, z.storeOptions())
 		cancel()
 		if err == nil {
+			z.openMu.Lock()
+			if z.ctx.Err() != nil { // the zone closed while the store opened
+				z.openMu.Unlock()
+				st.Close()
+				return
+			}
 			st.SetLimits(*z.limits.Load()) // a reload may have come meanwhile
 			z.store = st
 			close(z.ready)
+			z.openMu.Unlock()
 			z.logger.Load().Info("shared store connected", zap.String("zone", z.name))
 			return
 		}
@@ -223,20 +318,39 @@ func (z *zone) unavailable() error {
 // they end or drain_timeout passes, so results that arrive during a deploy
 // are there for the client on another replica.
 func (z *zone) exiting() {
-	z.exitOnce.Do(func() {
-		if !z.backend.Shared() {
+	if !z.backend.Shared() {
+		z.exitOnce.Do(func() {
 			z.stop()
-			z.store.Close()
-			return
-		}
+			select {
+			case <-z.ready:
+				z.store.Close()
+			default:
+			}
+		})
+		return
+	}
+	z.startDrain("the process is stopping", true)
+}
+
+// startDrain starts the drain of a shared store's zone, once: stopCtx ends
+// when it is over. A bounded drain gives up on running calls after
+// drain_timeout.
+func (z *zone) startDrain(why string, bounded bool) {
+	if bounded {
+		z.drainUntil.CompareAndSwap(0, time.Now().Add(time.Duration(z.drain.Load())).UnixNano())
+	}
+	z.exitOnce.Do(func() {
 		z.draining.Store(true)
 		z.drained() // the next GET of a standalone stream goes to another replica
 		logger := z.logger.Load()
 		logger.Info("draining: running upstream reads go on into the shared store; new calls get 503",
-			zap.String("zone", z.name), zap.Int64("upstream_reads", z.reads.Load()), zap.Duration("drain_timeout", z.drain))
+			zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.reads.Load()),
+			zap.Duration("drain_timeout", time.Duration(z.drain.Load())), zap.Bool("bounded", bounded))
 		go func() {
-			deadline := time.Now().Add(z.drain)
-			for z.reads.Load() > 0 && time.Now().Before(deadline) {
+			for z.reads.Load() > 0 {
+				if until := z.drainUntil.Load(); until != 0 && time.Now().UnixNano() >= until {
+					break
+				}
 				time.Sleep(50 * time.Millisecond)
 			}
 			if n := z.reads.Load(); n > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -204,6 +205,9 @@ func (m *mirror[T]) watch(ctx context.Context, onErr func(error)) (ready <-chan 
 
 // take applies one watched entry.
 func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
+	if strings.HasPrefix(e.Key(), probePrefix) {
+		return // a replica's health probe, not a record
+	}
 	if e.Operation() != jetstream.KeyValuePut {
 		m.apply(e.Key(), e.Revision(), nil, nil)
 		return

@@ -3,6 +3,7 @@ package natsstore
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -58,7 +59,9 @@ type Store struct {
 	held      heldLeases
 	sweeper   sweeperLease
 	admitting admissions
-	reading   sync.Map // *reader -> its iterator, while its consumer runs
+	reading   sync.Map              // *reader -> its iterator, while its consumer runs
+	probeErr  atomic.Pointer[error] // why the last health probe failed; nil while it answers
+	probeKey  string                // this replica's key for the health probe
 	bg        struct {
 		mu     sync.Mutex
 		closed bool
@@ -117,9 +120,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := st.startMirrors(ctx); err != nil {
 		return nil, err
 	}
-	st.wg.Add(2)
+	pk := make([]byte, 8)
+	rand.Read(pk)
+	st.probeKey = hex.EncodeToString(pk)
+	st.wg.Add(3)
 	go st.renewLoop()
 	go st.sweepLoop()
+	go st.healthLoop()
 	ok = true
 	return st, nil
 }
@@ -176,36 +183,6 @@ func (st *Store) connect() error {
 	}
 	st.js = js
 	return nil
-}
-
-// StartEmbedded starts a single-node JetStream server in this process,
-// storing in dir and listening on loopback only (on a random port), as
-// Options.Embedded does. Several stores (zones) may share it through
-// Options.Server; the caller shuts it down.
-func StartEmbedded(dir string, logs bool) (*server.Server, error) {
-	srv, err := server.NewServer(&server.Options{
-		ServerName: "mcp-resume-embedded",
-		JetStream:  true,
-		StoreDir:   dir,
-		Host:       "127.0.0.1", // loopback only
-		Port:       server.RANDOM_PORT,
-		MaxPayload: embeddedMaxPayload,
-		MaxPending: embeddedMaxPayload,
-		NoLog:      !logs,
-		NoSigs:     true,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("natsstore: embedded server: %w", err)
-	}
-	if logs {
-		srv.ConfigureLogger()
-	}
-	srv.Start()
-	if !srv.ReadyForConnections(30 * time.Second) {
-		srv.Shutdown()
-		return nil, errors.New("natsstore: the embedded server did not start")
-	}
-	return srv, nil
 }
 
 // provision creates (or updates) the zone's stream and buckets.
@@ -353,15 +330,6 @@ func (st *Store) startMirrors(ctx context.Context) error {
 	return nil
 }
 
-// ClientURL is the embedded server's loopback URL ("" without one), for
-// other replicas in the same host (tests) to connect to.
-func (st *Store) ClientURL() string {
-	if st.srv == nil {
-		return ""
-	}
-	return st.srv.ClientURL()
-}
-
 // MaxPayload is the largest message the servers take: an event must fit
 // one (with its ID line), so max_event_bytes must stay below it.
 func (st *Store) MaxPayload() int64 { return st.maxPayload - headerRoom }
@@ -388,6 +356,9 @@ func (st *Store) close() {
 	}
 	st.held.releaseAll(st)
 	st.sweeper.release(st)
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	st.dropProbeKeys(ctx)
+	cancel()
 	st.shutdown()
 }
 

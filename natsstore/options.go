@@ -106,7 +106,7 @@ const (
 	defaultPrefix        = "mcpr"
 	defaultSweepInterval = 500 * time.Millisecond
 	defaultTombstoneTTL  = time.Hour
-	defaultLeaseTTL      = 15 * time.Second
+	DefaultLeaseTTL      = 15 * time.Second
 	defaultBatchBytes    = 256 << 10
 	embeddedMaxPayload   = 64 << 20
 	headerRoom           = 64 << 10 // what a batch's headers may take of a message
@@ -135,7 +135,7 @@ func (o *Options) setDefaults() error {
 		o.TombstoneTTL = defaultTombstoneTTL
 	}
 	if o.LeaseTTL <= 0 {
-		o.LeaseTTL = defaultLeaseTTL
+		o.LeaseTTL = DefaultLeaseTTL
 	}
 	o.LeaseTTL = max(o.LeaseTTL, time.Second) // per-key TTLs are whole seconds
 	if o.BatchBytes <= 0 {

@@ -300,6 +300,21 @@ func (s *stream) UpstreamCursor() string {
 	return ""
 }
 
+// WaitStored waits, as ReleaseProducer does, until what this replica
+// appended to the stream is stored or can never be, and returns the last
+// seq stored. The tap records the upstream cursor of that event, not of
+// the last one it appended.
+func (s *stream) WaitStored() uint64 {
+	w := s.currentWriter()
+	if w == nil {
+		return s.View().Head
+	}
+	w.waitStored(s.sess.st.endTimeout())
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stored
+}
+
 func (s *stream) SetUpstreamCursor(id string) {
 	ctx, cancel := s.sess.st.opCtx()
 	defer cancel()

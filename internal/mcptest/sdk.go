@@ -34,7 +34,12 @@ func (f RoundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // ConnectSDK connects an SDK client to endpoint with the given protocol
 // version. maxRetries is the transport's reconnect budget (0: the SDK's).
 func ConnectSDK(ctx context.Context, endpoint, version string, maxRetries int) (*SDKClient, error) {
-	c := &SDKClient{Transport: NewCuttableTransport(0), seen: make(chan struct{}, 10000)}
+	return ConnectSDKWith(ctx, endpoint, version, maxRetries, NewCuttableTransport(0))
+}
+
+// ConnectSDKWith is ConnectSDK over the transport ct.
+func ConnectSDKWith(ctx context.Context, endpoint, version string, maxRetries int, ct *CuttableTransport) (*SDKClient, error) {
+	c := &SDKClient{Transport: ct, seen: make(chan struct{}, 10000)}
 	client := mcp.NewClient(&mcp.Implementation{Name: "mcptest", Version: "1"}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 			c.mu.Lock()

@@ -105,7 +105,12 @@ func (d *deployment) client(version string) *mcptest.SDKClient {
 	d.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := mcptest.ConnectSDK(ctx, "http://"+d.lb.Addr()+"/mcp", version, 12)
+	// No keep-alive: the load balancer is L4, so a POST sent on an idle
+	// connection just as the replica behind it stops fails with EOF, and
+	// HTTP clients do not retry a POST (see the README's drain notes).
+	ct := mcptest.NewCuttableTransport(0)
+	ct.DisableKeepAlives = true
+	c, err := mcptest.ConnectSDKWith(ctx, "http://"+d.lb.Addr()+"/mcp", version, 12, ct)
 	if err != nil {
 		d.t.Fatalf("connect: %v", err)
 	}

@@ -108,11 +108,14 @@ func TestRollingRestartLosesNoResult(t *testing.T) {
 		if early := metric(t, r, "caddy_mcp_resume_events_evicted_before_ack_total"); early != 0 {
 			t.Errorf("replica %s: events_evicted_before_ack_total = %v", r.name, early)
 		}
-		// The restart happened with calls in flight, and it drained them.
-		if logs := r.Logs(); !regexp.MustCompile(`"draining[^\n]*"upstream_reads":[1-9]`).MatchString(logs) ||
-			!strings.Contains(logs, `"drained"`) {
-			t.Errorf("replica %s did not drain calls in flight when stopped", r.name)
+		if !strings.Contains(r.Logs(), `"drained"`) {
+			t.Errorf("replica %s did not drain when stopped", r.name)
 		}
+	}
+	// The first restart comes while the first calls run (the second may
+	// find every call ended), and it drained them.
+	if !regexp.MustCompile(`"draining[^\n]*"upstream_reads":[1-9]`).MatchString(a.Logs()) {
+		t.Errorf("replica %s was stopped with no call in flight, or did not drain them", a.name)
 	}
 }
 

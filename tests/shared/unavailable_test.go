@@ -92,3 +92,32 @@ func TestNATSUnreachable(t *testing.T) {
 		t.Fatalf("call on the late replica: %d events", len(evs))
 	}
 }
+
+// A 3-node JetStream cluster (replicas 3) loses two nodes: the replica's
+// connection to the survivor stays up, but JetStream can store nothing.
+// That is unavailable too: calls get 503 before they reach the upstream
+// (none passes through untapped), and store_up shows 0 until the quorum is
+// back, when the session goes on.
+func TestQuorumLossIsUnavailable(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	servers, err := testnet.StartNATSCluster(dirs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testnet.ShutdownNATS(servers...) })
+	d := deploy(t, 1, storeNATS(natsURLs(servers[0]), "replicas 3"), demoserver.Options{})
+	a := d.replicas[0]
+	rc := harness.NewSession(t, "http://"+a.addr(), "2025-06-18")
+	if evs := rc.CallToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 1}); len(evs) != 3 {
+		t.Fatalf("call before: %d events", len(evs))
+	}
+
+	testnet.ShutdownNATS(servers[1], servers[2])
+	a.waitStoreUp(t, 0)
+	untapped := metric(t, a, "caddy_mcp_resume_untapped_total")
+	assert503(t, rc.Request(http.MethodPost, mcptest.CallBody(2, "count", map[string]any{"n": 2, "interval_ms": 1}, "tok"), nil),
+		"the retention store is unavailable; retry later")
+	if after := metric(t, a, "caddy_mcp_resume_untapped_total"); after != untapped {
+		t.Fatalf("untapped_total moved %v -> %v: a call passed through while JetStream had no quorum", untapped, after)
+	}
+}

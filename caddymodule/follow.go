@@ -1,0 +1,190 @@
+package caddymodule
+
+// Following the upstream: when its response ends before the call is
+// answered (SEP-1699 polling, a dropped connection), or its standalone
+// stream ends while the session lives, the tap asks again with GET and the
+// upstream's own Last-Event-ID.
+
+import (
+	"net/http"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// reconnectRequest is the GET that resumes the upstream's stream: the
+// client's headers (session, version, credentials), the upstream's own
+// Last-Event-ID when it gave one.
+func (t *upstreamTap) reconnectRequest() *http.Request {
+	req := t.client.Clone(t.ctx)
+	req.Method = http.MethodGet
+	req.Body, req.ContentLength, req.GetBody = http.NoBody, 0, nil
+	for _, k := range []string{"Content-Type", "Content-Length", "Accept-Encoding", hdrLastEventID, "Expect"} {
+		req.Header.Del(k)
+	}
+	req.Header.Set("Accept", "text/event-stream")
+	if t.lastID != "" {
+		req.Header.Set(hdrLastEventID, t.lastID)
+	}
+	return req
+}
+
+// upstreamRequest is the client's request as the tap forwards it: detached,
+// and asking for an uncompressed response, which the tap must read.
+func (t *upstreamTap) upstreamRequest(r *http.Request) *http.Request {
+	req := r.Clone(t.ctx)
+	req.Header.Del("Accept-Encoding")
+	return req
+}
+
+// delay is how long to wait before reconnect attempt n (from 0): the
+// upstream's retry: if it sent one, else a backoff.
+func (t *upstreamTap) delay(n int) time.Duration {
+	if t.retry > 0 {
+		return min(t.retry, reconnectMax)
+	}
+	d := reconnectFirst
+	for i := 0; i < n && d < reconnectMax; i++ {
+		d = d * 3 / 2
+	}
+	return min(d, reconnectMax)
+}
+
+func (t *upstreamTap) sleep(d time.Duration) bool {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-t.ctx.Done():
+		return false
+	}
+}
+
+// sessionGone handles an upstream 404 for the session: it no longer exists
+// there, so it ends here too.
+func (h *Handler) sessionGone(sid string, status int) bool {
+	if status != http.StatusNotFound {
+		return false
+	}
+	h.zone.store.Delete(sid, policy.ReasonDeleted)
+	return true
+}
+
+// followRequest keeps a request stream fed until each of its requests is
+// answered: after the first response ends early, it resumes the upstream's
+// stream with GETs, within maxReconnects attempts without progress and
+// never past stall_timeout without progress; else the stream fails loudly.
+func (t *upstreamTap) followRequest(first attemptResult) {
+	res := first
+	attempts := 0
+	lastProgress := time.Now()
+	for {
+		switch {
+		case t.failure != nil || res.proxied != nil && res.tapped:
+			t.fail(t.failureReason(t.failure, res.broken))
+			return
+		case len(t.pending) == 0:
+			t.stream.Complete()
+			return
+		case t.ctx.Err() != nil:
+			return // the session ended, or Caddy is exiting
+		case t.h.sessionGone(t.sess.ID(), res.status):
+			return
+		case res.tapped && t.lastID == "":
+			// Ended early with no way to ask for the rest.
+			t.fail(t.failureReason(nil, res.broken))
+			return
+		case !res.tapped && attempts > 0 && refused(res.status):
+			t.h.reconnected(t, attempts, res, "refused")
+			t.fail(policy.ReasonUpstreamFailed)
+			return
+		}
+		if t.progress {
+			attempts, lastProgress = 0, time.Now()
+		}
+		d := t.delay(attempts)
+		if attempts >= maxReconnects || time.Since(lastProgress)+d > time.Duration(t.h.StallTimeout) {
+			upstreamReconnects.WithLabelValues("exhausted").Inc()
+			t.h.logger.Warn("upstream reconnects exhausted: stream failed",
+				zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()),
+				zap.String("upstream_last_event_id", truncate(t.lastID, 80)), zap.Int("attempts", attempts))
+			t.fail(policy.ReasonUpstreamFailed)
+			return
+		}
+		if !t.sleep(d) {
+			return
+		}
+		attempts++
+		res = t.attempt(t.reconnectRequest(), discard(), func(http.Header) bool { return true }, true)
+		t.h.reconnected(t, attempts, res, "")
+	}
+}
+
+// refused reports a status that a reconnect must not retry: the upstream
+// does not know the stream or will not serve it. 409 (the upstream still
+// holds the old connection) and 429 pass with time; 5xx may too.
+func refused(status int) bool {
+	return status >= 400 && status < 500 && status != http.StatusConflict && status != http.StatusTooManyRequests
+}
+
+// reconnected logs and counts one reconnect attempt.
+func (h *Handler) reconnected(t *upstreamTap, attempt int, res attemptResult, outcome string) {
+	if outcome == "" {
+		switch {
+		case res.tapped:
+			outcome = "resumed"
+		case refused(res.status):
+			outcome = "refused"
+		default:
+			outcome = "failed"
+		}
+	}
+	upstreamReconnects.WithLabelValues(outcome).Inc()
+	fields := []zap.Field{zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()),
+		zap.String("upstream_last_event_id", truncate(t.lastID, 80)), zap.Int("attempt", attempt),
+		zap.String("outcome", outcome), zap.Int("status", res.status)}
+	if res.proxied != nil {
+		fields = append(fields, zap.NamedError("error", res.proxied))
+	}
+	h.logger.Info("upstream reconnect", fields...)
+}
+
+// followStandalone keeps the standalone stream fed while the session lives:
+// when the upstream's GET ends it reconnects (with its Last-Event-ID if it
+// gave IDs; without, while a client reads the stream), so a server that
+// closes its GET stream on purpose or a dropped connection loses nothing
+// the upstream can resend. It stops on the session's end, a refusal, a
+// failure of the stream (its signal is in the log), or maxReconnects
+// attempts without progress; the next client GET starts it again.
+func (t *upstreamTap) followStandalone(first attemptResult) {
+	res := first
+	attempts := 0
+	for {
+		if t.failure != nil {
+			t.fail(t.failureReason(t.failure, res.broken))
+			return
+		}
+		if t.ctx.Err() != nil || t.h.sessionGone(t.sess.ID(), res.status) || refused(res.status) && !res.tapped {
+			return
+		}
+		if res.tapped && t.lastID == "" && !t.stream.Connected() {
+			return // nothing to catch up on and no one waiting: the next client GET reopens it
+		}
+		if t.progress || res.tapped && res.status == http.StatusOK && !res.broken {
+			attempts = 0
+		}
+		if attempts >= maxReconnects {
+			upstreamReconnects.WithLabelValues("exhausted").Inc()
+			return
+		}
+		if !t.sleep(t.delay(attempts)) {
+			return
+		}
+		attempts++
+		res = t.attempt(t.reconnectRequest(), discard(), func(http.Header) bool { return true }, false)
+		t.h.reconnected(t, attempts, res, "")
+	}
+}

@@ -1,0 +1,56 @@
+package shared
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
+)
+
+// NATS is out of reach (a partition: the server keeps running) for three
+// lease_ttl periods, far less than stall_timeout, while a tool call runs
+// and its client stays connected: the call's events wait in its batch,
+// then the upstream read waits (backpressure); when NATS is back the call
+// ends with its result and every progress notification once.
+func TestPartitionLongerThanLeaseTTL(t *testing.T) {
+	ns := testnet.NATS(t)
+	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
+	relay, err := mcptest.NewRelay(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	d := deploy(t, 1, storeNATS([]string{"nats://" + relay.Addr()}, ""), demoserver.Options{})
+	a := d.replicas[0]
+	c := d.client("2025-11-25")
+	const n = 40
+	done := c.After(4, func() int {
+		relay.SetTarget("127.0.0.1:1")
+		cut := relay.Cut(true)
+		a.waitStoreUp(t, 0)
+		time.Sleep(6 * time.Second) // 3 x lease_ttl (2s)
+		relay.SetTarget(real)
+		return cut
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	res, err := c.Session.CallTool(ctx, mcptest.CountParams(n, 200))
+	if cut := <-done; cut == 0 {
+		t.Fatal("the relay cut no NATS connection")
+	}
+	if err != nil {
+		t.Fatalf("call across the partition: %v", err)
+	}
+	if got := mcptest.ResultText(res); got != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("result %q", got)
+	}
+	assertOnceInOrder(t, c, n)
+	if early := metric(t, a, "caddy_mcp_resume_events_evicted_before_ack_total"); early != 0 {
+		t.Errorf("events_evicted_before_ack_total = %v", early)
+	}
+}
