@@ -103,7 +103,7 @@ func (r *report) markdown() string {
 		}
 		var vd []string
 		for _, s := range []string{"plain", "mcp_resume", "jetstream"} {
-			vd = append(vd, strings.TrimSuffix(ratioStr(ratio(v[s], v["direct"])), "x"))
+			vd = append(vd, strings.NewReplacer("x", "", "n/a", "—").Replace(ratioStr(ratio(v[s], v["direct"]))))
 		}
 		t.row(append(cells, mp, map[bool]string{true: strings.Join(vd, ", "), false: "—"}[v["direct"] > 0.001])...)
 	}
