@@ -1,24 +1,27 @@
 // Command mcp-resume-bench measures mcp_resume side by side with the same
-// Caddy route without it (plain reverse_proxy) and with no proxy at all
-// (direct: the clients read the upstream, the limit of the machine):
-// streaming throughput, CPU and allocations per event, added latency,
-// and resume (replay) cost. Memory per session is tests/backpressure's.
+// Caddy route without it (plain reverse_proxy), with the JetStream store
+// (store nats { embedded }) and with no proxy at all (direct: the clients
+// read the upstream, the limit of the machine): streaming throughput, the
+// proxy's CPU, allocations and system calls per event, added latency, and
+// resume (replay) cost. Memory per session is tests/backpressure's.
 //
-// It runs as two processes. This one runs Caddy, in-process, with two sites
-// on one upstream (`mcp_resume` + `reverse_proxy`, and `reverse_proxy`
-// alone) and measures itself: its CPU time and allocations are the proxy's
-// alone. A child (this binary with -load) runs the upstream and the clients
-// (internal/mcptest) and measures the runs. Setups alternate run by run; a
-// warm-up round is dropped; medians of the rounds are reported as markdown
-// on stdout, progress on stderr.
+// It runs as two processes. This one runs Caddy, in-process, with three
+// sites on one upstream (reverse_proxy; mcp_resume + reverse_proxy; the
+// same on the JetStream store) and measures itself: its CPU time,
+// allocations and system calls are the proxy's alone. A child (this binary
+// with -load) runs the upstream and the clients (internal/mcptest) and
+// measures the runs. Setups alternate run by run; a warm-up round is
+// dropped; medians of the rounds are reported as markdown on stdout (the
+// results part of BENCHMARKS.md), progress on stderr.
 //
-//	go run ./cmd/mcp-resume-bench > bench.md                      # a few minutes
+//	go run ./cmd/mcp-resume-bench > bench.md                      # several minutes
 //	go run ./cmd/mcp-resume-bench -quick                          # smoke run
-//	go run ./cmd/mcp-resume-bench -cpuprofile cpu.out > bench.md  # then go tool pprof -top cpu.out
+//	go run ./cmd/mcp-resume-bench -cpuprofile cpu.out -gobench > bench.md
 //
 // -cpuprofile profiles the proxy's process in an extra, unmeasured pass of
-// the mcp_resume workloads (every throughput configuration, the largest
-// replay).
+// one setup's workloads (-profile-setup: every throughput configuration,
+// the largest replay) and puts its top entries in the report, beside those
+// of -base-profile (the same pass on another build) if given.
 package main
 
 import (
