@@ -49,7 +49,6 @@ type table struct{ strings.Builder }
 
 func (t *table) row(cells ...string) { fmt.Fprintf(t, "| %s |\n", strings.Join(cells, " | ")) }
 
-func evs(eps, mbps float64) string { return fmt.Sprintf("%s ev/s (%s MB/s)", num(eps), num(mbps)) }
 
 func (r *report) markdown() string {
 	var t table
