@@ -49,7 +49,6 @@ type table struct{ strings.Builder }
 
 func (t *table) row(cells ...string) { fmt.Fprintf(t, "| %s |\n", strings.Join(cells, " | ")) }
 
-
 func (r *report) markdown() string {
 	var t table
 	caddyV, mod := "?", "?"
