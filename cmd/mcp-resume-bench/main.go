@@ -1,169 +1,145 @@
-// Command mcp-resume-bench measures mcp_resume side by side with a plain
-// reverse_proxy: streaming throughput, added latency, resume (replay) cost,
-// memory per session and per retained byte, and CPU per event.
+// Command mcp-resume-bench measures mcp_resume side by side with the same
+// Caddy route without it (plain reverse_proxy), with the JetStream store
+// (store nats { embedded }) and with no proxy at all (direct: the clients
+// read the upstream, the limit of the machine): streaming throughput, the
+// proxy's CPU, allocations and system calls per event, added latency, and
+// resume (replay) cost. Memory per session is tests/backpressure's.
 //
-// Everything runs in this one process, on loopback: a minimal MCP upstream
-// (plain net/http), one in-process Caddy with two sites on that upstream
-// (`mcp_resume` + `reverse_proxy`, and `reverse_proxy` alone), and raw
-// Streamable HTTP clients. Runs alternate between the two setups round by
-// round and the median of the rounds is reported as a markdown table.
+// It runs as two processes. This one runs Caddy, in-process, with three
+// sites on one upstream (reverse_proxy; mcp_resume + reverse_proxy; the
+// same on the JetStream store) and measures itself: its CPU time,
+// allocations and system calls are the proxy's alone. A child (this binary
+// with -load) runs the upstream and the clients (internal/mcptest) and
+// measures the runs. Setups alternate run by run; a warm-up round is
+// dropped; medians of the rounds are reported as markdown on stdout (the
+// results part of BENCHMARKS.md), progress on stderr.
 //
-// Usage:
+//	go run ./cmd/mcp-resume-bench > bench.md                      # several minutes
+//	go run ./cmd/mcp-resume-bench -quick                          # smoke run
+//	go run ./cmd/mcp-resume-bench -cpuprofile cpu.out -gobench > bench.md
 //
-//	go run ./cmd/mcp-resume-bench                 # full run, a few minutes on 2 cores
-//	go run ./cmd/mcp-resume-bench -quick          # smoke run, well under a minute
-//	go run ./cmd/mcp-resume-bench -cpuprofile cpu.out -o report.md
-//	go tool pprof -top cpu.out
-//
-// -cpuprofile profiles an extra, unmeasured pass of the mcp_resume workloads
-// (every throughput configuration and the largest replay) after the measured
-// rounds, so profiling overhead never skews the table.
+// -cpuprofile profiles the proxy's process in an extra, unmeasured pass of
+// one setup's workloads (-profile-setup: every throughput configuration,
+// the largest replay) and puts its top entries in the report, beside those
+// of -base-profile (the same pass on another build) if given.
 package main
 
 import (
-	"context"
+	"bufio"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
-	"math"
-	"net/http"
 	"os"
+	"os/exec"
+	"runtime/metrics"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 type config struct {
-	rounds          int
-	phases          map[string]bool
-	scale           float64
-	sizes           []int
-	concurrency     []int
-	latencyEvents   int
-	latencySize     int
-	latencyInterval time.Duration
-	replayCounts    []int
-	replaySize      int
-	sessionCounts   []int
-	retainEvents    int
-	retainSize      int
-	flushEach       bool
-	cpuprofile      string
-	out             string
-	waitQuiet       time.Duration
-	timeout         time.Duration
+	rounds                   int
+	phases                   map[string]bool
+	scale                    float64
+	sizes, streams, replay   []int
+	cpuprofile, profileSetup string
+	baseProfile, baseLabel   string
+	gobench                  bool
+	waitQuiet                time.Duration
+	load                     bool
 }
 
 func intList(s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
+		if f = strings.TrimSpace(f); f != "" {
+			v, err := strconv.Atoi(strings.ReplaceAll(f, "_", ""))
+			if err != nil || v <= 0 {
+				return nil, fmt.Errorf("%q is not a positive integer", f)
+			}
+			out = append(out, v)
 		}
-		v, err := strconv.Atoi(strings.ReplaceAll(f, "_", ""))
-		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("%q is not a positive integer", f)
-		}
-		out = append(out, v)
 	}
 	return out, nil
 }
 
 func parseFlags(args []string) (config, error) {
 	fs := flag.NewFlagSet("mcp-resume-bench", flag.ContinueOnError)
-	quick := fs.Bool("quick", false, "short run: 1 round, smaller runs, fewer sessions (a smoke test, not for publishing)")
-	rounds := fs.Int("rounds", 5, "rounds per measurement (setups alternate; the median is reported)")
-	phases := fs.String("phases", "throughput,latency,resume,memory", "phases to run")
-	scale := fs.Float64("scale", 1, "multiplier on events per throughput run")
-	sizes := fs.String("sizes", "100,1024,16384", "event sizes (JSON-RPC message bytes) for throughput")
-	conc := fs.String("streams", "1,64", "concurrent streams (one session each) for throughput")
-	latN := fs.Int("latency-events", 1000, "paced events per latency run")
-	latSize := fs.Int("latency-size", 1024, "event size for latency runs")
-	latInt := fs.Duration("latency-interval", 2*time.Millisecond, "pacing of latency events")
-	replay := fs.String("replay", "1000,100000", "retained events per resume run")
-	replaySize := fs.Int("replay-size", 1024, "event size for resume runs")
-	sessions := fs.String("sessions", "1000,10000", "concurrent idle sessions for the memory phase")
-	retainN := fs.Int("retain-events", 4, "progress events each session retains in the memory phase")
-	retainSize := fs.Int("retain-size", 1024, "their size")
-	flushEach := fs.Bool("flush-each", true, "upstream flushes after every event (as MCP SDKs do); false: only when its buffer fills")
-	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of an extra pass of the mcp_resume workloads to this file")
-	out := fs.String("o", "", "also write the markdown report to this file")
-	timeout := fs.Duration("timeout", 20*time.Minute, "abort the whole benchmark after this long")
-	waitQuiet := fs.Duration("wait-quiet", 0, "before measuring, wait up to this long for other processes to use under 0.2 cores")
+	c := config{phases: map[string]bool{}}
+	quick := fs.Bool("quick", false, "smoke run: 1 round, smaller runs (not for publishing)")
+	fs.BoolVar(&c.load, "load", false, "internal: be the load process (upstream and clients)")
+	fs.IntVar(&c.rounds, "rounds", 5, "measured rounds per figure, after a warm-up round")
+	phases := fs.String("phases", "throughput,latency,resume", "phases to run")
+	only := fs.String("setups", strings.Join(setups, ","), "setups to measure (a subset of the default)")
+	fs.Float64Var(&c.scale, "scale", 1, "multiplier on events per throughput and latency run")
+	lists := map[string]*string{
+		"sizes":   fs.String("sizes", "100,1024,16384", "event sizes (JSON-RPC message bytes) for throughput"),
+		"streams": fs.String("streams", "1,64", "concurrent streams (one session each) for throughput"),
+		"replay":  fs.String("replay", "1000,100000", "retained events per resume run"),
+	}
+	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the proxy in an extra pass of one setup's workloads")
+	fs.StringVar(&c.baseProfile, "base-profile", "", "a CPU profile from an earlier build (-cpuprofile there) to show beside this run's")
+	fs.StringVar(&c.baseLabel, "base-label", "baseline", "what -base-profile profiled, for the report")
+	fs.BoolVar(&c.gobench, "gobench", false, "also run the buffer package's micro-benchmarks (go test -bench) for the report")
+	fs.StringVar(&c.profileSetup, "profile-setup", "mcp_resume", "the setup -cpuprofile profiles: plain, mcp_resume or jetstream")
+	fs.DurationVar(&c.waitQuiet, "wait-quiet", 0, "first wait up to this long for other processes to use under 0.2 cores")
 	if err := fs.Parse(args); err != nil {
-		return config{}, err
+		return c, err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if *quick { // smaller defaults, where the command line leaves them
-		for name, v := range map[string]string{"rounds": "1", "scale": "0.2", "latency-events": "250", "replay": "1000,20000", "sessions": "1000"} {
-			if !set[name] {
-				fs.Set(name, v)
-			}
+	for name, v := range map[string]string{"rounds": "1", "scale": "0.2", "replay": "1000,20000"} {
+		if *quick && !set[name] {
+			fs.Set(name, v)
 		}
-	}
-	c := config{
-		rounds: *rounds, scale: *scale, latencyEvents: *latN, latencySize: *latSize, latencyInterval: *latInt,
-		replaySize: *replaySize, retainEvents: *retainN, retainSize: *retainSize, flushEach: *flushEach,
-		cpuprofile: *cpuprofile, out: *out, timeout: *timeout, waitQuiet: *waitQuiet, phases: map[string]bool{},
 	}
 	for _, p := range strings.Split(*phases, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "throughput", "latency", "resume", "memory":
+		case "throughput", "latency", "resume":
 			c.phases[p] = true
 		case "":
 		default:
 			return c, fmt.Errorf("-phases: unknown phase %q", p)
 		}
 	}
-	var err error
-	for _, l := range []struct {
-		name, v string
-		dst     *[]int
-	}{{"sizes", *sizes, &c.sizes}, {"streams", *conc, &c.concurrency}, {"replay", *replay, &c.replayCounts}, {"sessions", *sessions, &c.sessionCounts}} {
-		if *l.dst, err = intList(l.v); err != nil {
-			return c, fmt.Errorf("-%s: %v", l.name, err)
+	setups = slices.DeleteFunc(slices.Clone(allSetups), func(s string) bool { return !slices.Contains(strings.Split(*only, ","), s) })
+	dst := map[string]*[]int{"sizes": &c.sizes, "streams": &c.streams, "replay": &c.replay}
+	for name, v := range lists {
+		var err error
+		if *dst[name], err = intList(*v); err != nil || len(*dst[name]) == 0 {
+			return c, fmt.Errorf("-%s: %v", name, err)
 		}
 	}
-	if c.rounds < 1 || c.scale <= 0 || c.latencyEvents < 1 || c.replaySize < 1 || c.retainEvents < 1 {
-		return c, fmt.Errorf("-rounds, -scale, -latency-events, -replay-size and -retain-events must be positive")
-	}
-	for _, n := range c.replayCounts {
-		if n <= 5 {
-			return c, fmt.Errorf("-replay: %d: a resume run needs more than 5 events", n)
-		}
+	if c.rounds < 1 || c.scale <= 0 || c.replay[0] <= 5 {
+		return c, fmt.Errorf("-rounds and -scale must be positive, -replay above 5")
 	}
 	return c, nil
 }
 
-// eventsPerRun is the number of progress events per throughput run (over all
-// streams), sized so one run takes about a second on a quiet 2-core machine.
-func eventsPerRun(size int, scale float64) int {
-	var n int
-	switch {
-	case size <= 256:
-		n = 300_000
-	case size <= 4096:
-		n = 200_000
-	default:
-		n = (384 << 20) / size // 384 MiB of payload
-	}
-	return max(int(float64(n)*scale), 64)
+// tpConfig is one throughput configuration: about a second's worth of
+// events (over all streams) on a quiet 2-core machine.
+type tpConfig struct{ size, streams, total int }
+
+func (c tpConfig) key() string {
+	return fmt.Sprintf("%s events, %d stream%s", sizeName(c.size), c.streams, map[bool]string{true: "", false: "s"}[c.streams == 1])
 }
 
-// tpConfigs are the throughput runs, in the report's order; none without
-// the throughput phase.
 func (c config) tpConfigs() []tpConfig {
 	var out []tpConfig
-	for _, conc := range c.concurrency {
+	for _, n := range c.streams {
 		for _, size := range c.sizes {
-			if c.phases["throughput"] {
-				out = append(out, tpConfig{size: size, streams: conc, total: eventsPerRun(size, c.scale)})
+			total := map[bool]int{true: 600_000, false: 400_000}[size <= 256]
+			if size > 4096 {
+				total = (768 << 20) / size
 			}
+			out = append(out, tpConfig{size, n, max(int(float64(total)*c.scale), 64)})
 		}
 	}
 	return out
@@ -171,171 +147,309 @@ func (c config) tpConfigs() []tpConfig {
 
 func main() {
 	cfg, err := parseFlags(os.Args[1:])
-	if err == flag.ErrHelp {
+	switch {
+	case err == flag.ErrHelp:
 		return
+	case err == nil && cfg.load:
+		err = loadMain()
+	case err == nil:
+		time.AfterFunc(30*time.Minute, func() { logf("aborted after 30 minutes"); os.Exit(3) })
+		err = run(cfg)
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "mcp-resume-bench:", err)
-		os.Exit(2)
-	}
-	// Bounded: whatever happens, the benchmark ends.
-	watchdog := time.AfterFunc(cfg.timeout, func() {
-		fmt.Fprintf(os.Stderr, "mcp-resume-bench: aborted after %v (-timeout)\n", cfg.timeout)
-		os.Exit(3)
-	})
-	defer watchdog.Stop()
-	if err := run(cfg, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "mcp-resume-bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(cfg config, stdout io.Writer) error {
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.timeout)
-	defer cancel()
-	logf := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
-	}
-	// The upstream: as cheap as can be, so that the proxy's cost dominates
-	// what changes between the two setups.
-	up := &mcptest.Upstream{Version: protocolVersion, FlushEach: cfg.flushEach}
-	ln, err := mcptest.Listen(0)
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s  "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+// bench is the proxy's process: Caddy, and the load process it drives.
+type bench struct {
+	cfg      config
+	load     *exec.Cmd
+	toLoad   io.Writer
+	fromLoad *bufio.Scanner
+	bases    map[string]string // by setup
+	admin    string
+}
+
+// setups: the clients read the upstream directly, through plain
+// reverse_proxy, through mcp_resume with the memory store, and with the
+// JetStream store (an embedded single-node server in Caddy's data
+// directory, file storage).
+var allSetups = []string{"direct", "plain", "mcp_resume", "jetstream"}
+
+var setups = allSetups // those -setups measures
+
+func retaining(s string) bool { return s == "mcp_resume" || s == "jetstream" }
+
+func run(cfg config) error {
+	b := &bench{cfg: cfg, load: exec.Command(os.Args[0], "-load")}
+	defer func() {
+		if b.load.Process != nil {
+			b.load.Process.Kill()
+		}
+	}()
+	cleanup, err := mcptest.Isolate()
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: up, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
-	defer srv.Close()
-	px, err := startProxy(ln.Addr().String())
-	if err != nil {
+	defer cleanup()
+	if err := b.start(); err != nil {
 		return err
 	}
-	defer px.stop()
-	b := &bench{
-		cfg: cfg, up: up, px: px, hc: newHTTPClient(), logf: logf,
-		plain:  setup{name: "plain", base: px.plainBase},
-		resume: setup{name: "mcp_resume", base: px.resumeBase, resume: true},
-	}
+	defer mcptest.Stop()
 	if cfg.waitQuiet > 0 {
-		waitQuiet(cfg.waitQuiet, logf)
+		b.waitQuiet()
 	}
-	started := time.Now()
-	load0 := sampleLoad()
-	rep := newReport(cfg)
-	if m, err := px.metrics(); err == nil {
-		rep.metricsBefore = m
+	rep := &report{cfg: cfg, tp: map[tpConfig]map[string][]tpRun{}, latency: map[string][]result{}, resume: map[key][]result{}}
+	rep.metricsBefore, _ = mcptest.ScrapeMetrics(b.admin + "/metrics")
+	busy0, own0, started := b.cpuSample()
+	// Every setup, round by round (round 0 warms up), in another order each.
+	rounds := func(phase string, f func(s string, measured bool) error) error {
+		for round := 0; round <= cfg.rounds && cfg.phases[phase]; round++ {
+			for _, s := range rotate(setups, round) {
+				if err := f(s, round > 0); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
 	}
 	for _, c := range cfg.tpConfigs() {
-		for round := 0; round < cfg.rounds; round++ {
-			for _, s := range b.order(round) {
-				r, err := b.throughput(ctx, s, c)
+		rep.tp[c] = map[string][]tpRun{}
+		if err := rounds("throughput", func(s string, measured bool) error {
+			r, err := b.throughput(s, c)
+			if measured {
+				rep.tp[c][s] = append(rep.tp[c][s], r)
+			}
+			logf("throughput %-24s %-10s: %8.0f events/s; proxy %5.2f µs CPU, %5.3f allocs, %5.3f syscalls per event; all %5.2f µs CPU per event",
+				c.key(), s, r.eventsPerSec(), r.proxyCPU(), r.allocs(), r.sysPerEv(), r.allCPU())
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	if err := rounds("latency", func(s string, measured bool) error {
+		r, err := b.call(command{Op: "latency", Base: b.bases[s], Size: 1024, Total: max(int(1000*cfg.scale), 200)}, nil)
+		if measured {
+			rep.latency[s] = append(rep.latency[s], r)
+		}
+		logf("latency %-10s: p50 %.0f µs, p99 %.0f µs, max %.0f µs", s, r.P50, r.P99, r.Max)
+		return err
+	}); err != nil {
+		return err
+	}
+	for _, n := range cfg.replay {
+		for round := 1; round <= cfg.rounds && cfg.phases["resume"]; round++ {
+			for _, s := range rotate(slices.DeleteFunc(slices.Clone(setups), func(s string) bool { return !retaining(s) }), round) {
+				r, err := b.call(command{Op: "resume", Base: b.bases[s], Admin: b.admin, Total: n}, nil)
 				if err != nil {
-					return fmt.Errorf("throughput %s, %s: %v", c.key(), s.name, err)
+					return err
 				}
-				rep.addThroughput(c, s.name, r)
-				logf("throughput %-24s %-10s round %d: %9.0f events/s %7.1f MB/s %6.2f µs CPU/event, %.2f context switches/event, %.0f stalls",
-					c.key(), s.name, round+1, r.eventsPerSec(), r.mbPerSec(), r.cpuPerEvent(), r.cswPerEvent(), r.stalls)
+				rep.resume[key{n, s}] = append(rep.resume[key{n, s}], r)
+				logf("resume %7d events %-10s: fill %v, first event after %v, replay %.0f events/s", n, s,
+					r.Fill.Round(time.Microsecond), r.TTFB.Round(time.Microsecond), replayRate(r))
 			}
 		}
 	}
-	if cfg.phases["latency"] {
-		for round := 0; round < cfg.rounds; round++ {
-			for _, s := range b.order(round) {
-				r, err := b.latency(ctx, s)
-				if err != nil {
-					return fmt.Errorf("latency, %s: %v", s.name, err)
-				}
-				rep.latency[s.name] = append(rep.latency[s.name], r)
-				logf("latency %-10s round %d: p50 %.0f µs, p99 %.0f µs, max %.0f µs", s.name, round+1, r.p50, r.p99, r.max)
-			}
-		}
-	}
-	if cfg.phases["resume"] {
-		for _, n := range cfg.replayCounts {
-			for round := 0; round < cfg.rounds; round++ {
-				r, err := b.resumeRun(ctx, n)
-				if err != nil {
-					return fmt.Errorf("resume %d events: %v", n, err)
-				}
-				rep.resume[n] = append(rep.resume[n], r)
-				logf("resume %7d events round %d: fill %v (%.0f events/s), first event after %v, replay %.0f events/s %.1f MB/s",
-					n, round+1, r.fill.Round(time.Microsecond), r.filledEPS, r.ttfb.Round(time.Microsecond), r.eventsPerSec(), r.mbPerSec())
-			}
-		}
-	}
-	if cfg.phases["memory"] {
-		for _, n := range cfg.sessionCounts {
-			for _, s := range []setup{b.plain, b.resume} {
-				r, err := b.memory(ctx, s, n)
-				if err != nil {
-					return fmt.Errorf("memory %d sessions, %s: %v", n, s.name, err)
-				}
-				rep.memory[memKey{n, s.name}] = r
-				logf("memory %6d sessions %-10s: %.0f sessions/s; idle heap %s, RSS %s; retained heap %s for %s payload",
-					n, s.name, r.initRate, bytesStr(float64(r.idle.heap)), bytesStr(float64(r.idle.rss)),
-					bytesStr(float64(r.retained.heap)), bytesStr(float64(r.retainedPayload)))
-			}
-		}
-	}
-	if m, err := px.metrics(); err == nil {
-		rep.metricsAfter = m
-	}
-	rep.otherCores = sampleLoad().otherCores(load0)
+	busy1, own1, _ := b.cpuSample()
 	rep.elapsed = time.Since(started)
-	if cfg.cpuprofile != "" {
-		if err := b.profile(ctx, cfg.cpuprofile); err != nil {
-			return err
-		}
+	rep.otherCores = max((busy1-busy0-(own1-own0)).Seconds(), 0) / rep.elapsed.Seconds()
+	rep.metricsAfter, _ = mcptest.ScrapeMetrics(b.admin + "/metrics")
+	if err := b.profile(); err != nil {
+		return err
 	}
-	md := rep.markdown()
-	fmt.Fprint(stdout, md)
-	if cfg.out != "" {
-		if err := os.WriteFile(cfg.out, []byte(md), 0o644); err != nil {
-			return err
-		}
-	}
+	fmt.Print(rep.markdown())
 	return nil
 }
 
-// profile runs every mcp_resume throughput configuration once and the
-// largest replay once under the CPU profiler.
-func (b *bench) profile(ctx context.Context, path string) error {
-	f, err := os.Create(path)
+func rotate(xs []string, n int) []string {
+	n %= len(xs)
+	return append(append([]string(nil), xs[n:]...), xs[:n]...)
+}
+
+// start starts the load process, which answers with its upstream's
+// address, and Caddy in front of that upstream.
+func (b *bench) start() (err error) {
+	b.load.Stderr = os.Stderr
+	if b.toLoad, err = b.load.StdinPipe(); err != nil {
+		return err
+	}
+	r, err := b.load.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := b.load.Start(); err != nil {
+		return err
+	}
+	if b.fromLoad = bufio.NewScanner(r); !b.fromLoad.Scan() {
+		return fmt.Errorf("the load process did not start: %v", b.fromLoad.Err())
+	}
+	upstream := b.fromLoad.Text()
+	var ports [5]int // admin, mcp_resume, plain, https, jetstream
+	for i := range ports {
+		if ports[i], err = testnet.FreePort(); err != nil {
+			return err
+		}
+	}
+	const bind = "\tbind 127.0.0.1\n"
+	b.admin = fmt.Sprintf("http://localhost:%d", ports[0])
+	b.bases = map[string]string{"direct": "http://" + upstream,
+		"mcp_resume": fmt.Sprintf("http://127.0.0.1:%d", ports[1]), "plain": fmt.Sprintf("http://127.0.0.1:%d", ports[2]),
+		"jetstream": fmt.Sprintf("http://127.0.0.1:%d", ports[4])}
+	opts := func(extra ...string) string {
+		return "\t\t\t" + strings.Join(append(extra, moduleOptions...), "\n\t\t\t")
+	}
+	return mcptest.Load(mcptest.Config{AdminPort: ports[0], HTTPPort: ports[1], HTTPSPort: ports[3], Sites: []mcptest.Site{
+		{Port: ports[1], Body: bind + mcptest.ResumeRoute(upstream, opts())},
+		{Port: ports[2], Body: bind + mcptest.ProxyRoute(upstream)},
+		{Port: ports[4], Body: bind + mcptest.ResumeRoute(upstream, opts(jetstreamOptions...))},
+	}})
+}
+
+// moduleOptions keep backpressure from throttling the benchmark: a stream
+// sustains max_stream_bytes per resume_window (3 GiB/s here); the report
+// counts the stalls.
+var moduleOptions = []string{"resume_window 1s", "max_stream_bytes 3GiB", "max_session_bytes 3GiB",
+	"max_total_bytes 8GiB", "max_event_bytes 32MiB", "max_sessions 20000"}
+
+// jetstreamOptions put the jetstream setup in a zone of its own.
+var jetstreamOptions = []string{"zone js", "store nats {\n\t\t\t\tembedded\n\t\t\t}"}
+
+// call runs a command in the load process; onMark takes this process's
+// readings at each of its marks.
+func (b *bench) call(c command, onMark func()) (result, error) {
+	js, _ := json.Marshal(c)
+	fmt.Fprintf(b.toLoad, "%s\n", js)
+	for b.fromLoad.Scan() {
+		var r result
+		if err := json.Unmarshal(b.fromLoad.Bytes(), &r); err != nil || !r.Mark {
+			if err == nil && r.Err != "" {
+				err = fmt.Errorf("%s", r.Err)
+			}
+			return r, err
+		}
+		if onMark != nil {
+			onMark()
+		}
+		fmt.Fprintln(b.toLoad, "ok")
+	}
+	return result{}, fmt.Errorf("the load process ended: %v", b.fromLoad.Err())
+}
+
+// usage is this process's user+system CPU time so far.
+func usage() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// readMetric reads one of the runtime's uint64 metrics.
+func readMetric(name string) uint64 {
+	s := []metrics.Sample{{Name: name}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// tpRun is one throughput run: the load process's figures, and the CPU time
+// and heap allocations of this process (the proxy) meanwhile.
+type tpRun struct {
+	result
+	proxy             time.Duration
+	mallocs, syscalls uint64
+}
+
+func (r tpRun) eventsPerSec() float64 { return float64(r.Events) / r.Elapsed.Seconds() }
+func (r tpRun) mbPerSec() float64     { return float64(r.Payload) / 1e6 / r.Elapsed.Seconds() }
+func (r tpRun) proxyCPU() float64     { return float64(r.proxy.Nanoseconds()) / 1e3 / float64(r.Events) }
+func (r tpRun) allCPU() float64 {
+	return float64((r.proxy + r.CPU).Nanoseconds()) / 1e3 / float64(r.Events)
+}
+func (r tpRun) allocs() float64   { return float64(r.mallocs) / float64(r.Events) }
+func (r tpRun) sysPerEv() float64 { return float64(r.syscalls) / float64(r.Events) }
+
+// syscalls is this process's read and write system calls so far (socket
+// reads and writes included).
+func syscalls() uint64 {
+	b, _ := os.ReadFile("/proc/self/io")
+	var n uint64
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, _ := strings.Cut(l, ": "); k == "syscr" || k == "syscw" {
+			x, _ := strconv.ParseUint(v, 10, 64)
+			n += x
+		}
+	}
+	return n
+}
+
+// throughput runs one configuration through one setup. No collection is
+// forced between runs: as in a proxy that has been running, memory that
+// earlier runs gave back is there to reuse.
+func (b *bench) throughput(setup string, c tpConfig) (tpRun, error) {
+	var cpu []time.Duration
+	var objs, calls []uint64
+	res, err := b.call(command{Op: "throughput", Base: b.bases[setup], Size: c.size, Streams: c.streams, Total: c.total}, func() {
+		cpu, objs, calls = append(cpu, usage()), append(objs, readMetric("/gc/heap/allocs:objects")), append(calls, syscalls())
+	})
+	if err != nil {
+		return tpRun{}, fmt.Errorf("throughput %s, %s: %v", c.key(), setup, err)
+	}
+	return tpRun{result: res, proxy: cpu[1] - cpu[0], mallocs: objs[1] - objs[0], syscalls: calls[1] - calls[0]}, nil
+}
+
+type key struct {
+	n     int // replayed events
+	setup string
+}
+
+// profile profiles this process (the proxy) in one more pass of the
+// mcp_resume throughput configurations and the largest replay.
+func (b *bench) profile() error {
+	if b.cfg.cpuprofile == "" {
+		return nil
+	}
+	f, err := os.Create(b.cfg.cpuprofile)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	b.logf("profiling an extra pass of the mcp_resume workloads into %s", path)
+	logf("profiling the proxy in an extra pass of the %s workloads into %s", b.cfg.profileSetup, b.cfg.cpuprofile)
 	if err := pprof.StartCPUProfile(f); err != nil {
 		return err
 	}
 	defer pprof.StopCPUProfile()
 	for _, c := range b.cfg.tpConfigs() {
-		if _, err := b.throughput(ctx, b.resume, c); err != nil {
-			return fmt.Errorf("profile pass: %v", err)
+		if _, err := b.throughput(b.cfg.profileSetup, c); err != nil || !b.cfg.phases["throughput"] {
+			break
 		}
 	}
-	if b.cfg.phases["resume"] && len(b.cfg.replayCounts) > 0 {
-		if _, err := b.resumeRun(ctx, b.cfg.replayCounts[len(b.cfg.replayCounts)-1]); err != nil {
-			return fmt.Errorf("profile pass: %v", err)
-		}
+	if b.cfg.phases["resume"] && retaining(b.cfg.profileSetup) {
+		_, err = b.call(command{Op: "resume", Base: b.bases[b.cfg.profileSetup], Admin: b.admin, Total: b.cfg.replay[len(b.cfg.replay)-1]}, nil)
 	}
-	return nil
+	return err
 }
 
-// waitQuiet waits, up to limit, until other processes keep fewer than 0.2
-// cores busy over a 3 s sample.
-func waitQuiet(limit time.Duration, logf func(string, ...any)) {
-	deadline := time.Now().Add(limit)
-	for {
-		s0 := sampleLoad()
+// cpuSample returns the machine's busy CPU time and the benchmark's own
+// (both processes), to tell how much other processes competed with it.
+func (b *bench) cpuSample() (busy, own time.Duration, at time.Time) {
+	stat, _ := os.ReadFile("/proc/stat")
+	return busyCPU(string(stat)), usage() + procCPU(b.load.Process.Pid), time.Now()
+}
+
+// waitQuiet waits, up to -wait-quiet, until other processes keep fewer than
+// 0.2 cores busy over 3 s.
+func (b *bench) waitQuiet() {
+	for deadline := time.Now().Add(b.cfg.waitQuiet); ; {
+		busy0, own0, t0 := b.cpuSample()
 		time.Sleep(3 * time.Second)
-		other := sampleLoad().otherCores(s0)
-		if math.IsNaN(other) || other < 0.2 {
-			return
-		}
-		if time.Now().After(deadline) {
-			logf("machine still busy (other processes use %.2f cores); measuring anyway", other)
+		busy1, own1, t1 := b.cpuSample()
+		other := (busy1 - busy0 - (own1 - own0)).Seconds() / t1.Sub(t0).Seconds()
+		if other < 0.2 || time.Now().After(deadline) {
+			logf("other processes use %.2f cores", other)
 			return
 		}
 		logf("waiting for a quieter machine: other processes use %.2f cores", other)

@@ -2,56 +2,40 @@ package main
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// ---- statistics ------------------------------------------------------------
-
-// percentile returns the p-th percentile (0..100) of xs by the nearest-rank
-// method: the smallest value such that at least p% of the samples are <= it.
-// xs need not be sorted and is not modified. NaN for no samples.
+// percentile is the p-th percentile (0..100) of xs by nearest rank: the
+// smallest value at least p% of the samples are at or below. NaN for none.
 func percentile(xs []float64, p float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if p <= 0 {
-		return s[0]
-	}
-	if p >= 100 {
-		return s[len(s)-1]
-	}
-	rank := int(math.Ceil(p / 100 * float64(len(s))))
-	if rank < 1 {
-		rank = 1
-	}
-	return s[rank-1]
+	s := slices.Sorted(slices.Values(xs))
+	return s[min(max(int(math.Ceil(p/100*float64(len(s)))), 1), len(s))-1]
 }
 
-// median of xs (mean of the two middle values for an even count); NaN for
-// no samples. xs is not modified.
-func median(xs []float64) float64 {
+// medianOf is the median of f over xs (the mean of the middle two for an
+// even count); NaN for none.
+func medianOf[T any](xs []T, f func(T) float64) float64 {
 	if len(xs) == 0 {
 		return math.NaN()
 	}
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
+	v := make([]float64, len(xs))
+	for i, x := range xs {
+		v[i] = f(x)
 	}
-	return (s[n/2-1] + s[n/2]) / 2
+	slices.Sort(v)
+	return (v[(len(v)-1)/2] + v[len(v)/2]) / 2
 }
 
-// ratio is a/b for positive figures: NaN when either is unknown or b is
-// not positive (a memory delta within noise can be negative).
+// ratio is a/b, NaN when either is unknown or b is not positive.
 func ratio(a, b float64) float64 {
 	if math.IsNaN(a) || math.IsNaN(b) || b <= 0 {
 		return math.NaN()
@@ -59,34 +43,24 @@ func ratio(a, b float64) float64 {
 	return a / b
 }
 
-// ---- formatting --------------------------------------------------------------
-
-// num formats a figure with 3 significant digits and a k/M suffix for large
-// values: 1234567 -> "1.23M", 987.6 -> "988", 0.01234 -> "0.0123".
+// num formats a figure to 3 significant digits, with k or M when large:
+// 1234567 -> "1.23M", 987.6 -> "988", 0.01234 -> "0.0123".
 func num(v float64) string {
-	switch {
-	case math.IsNaN(v):
-		return "n/a"
-	case math.Abs(v) >= 1e6:
+	if a := math.Abs(v); a >= 1e6 {
 		return sig3(v/1e6) + "M"
-	case math.Abs(v) >= 1e4:
+	} else if a >= 1e4 {
 		return sig3(v/1e3) + "k"
 	}
 	return sig3(v)
 }
 
 func sig3(v float64) string {
-	if v == 0 {
-		return "0"
+	if v == 0 || math.IsNaN(v) {
+		return map[bool]string{true: "0", false: "n/a"}[v == 0]
 	}
-	digits := 3 - int(math.Floor(math.Log10(math.Abs(v)))) - 1
-	if digits < 0 {
-		digits = 0
-	}
-	return strconv.FormatFloat(v, 'f', digits, 64)
+	return strconv.FormatFloat(v, 'f', max(2-int(math.Floor(math.Log10(math.Abs(v)))), 0), 64)
 }
 
-// ratioStr formats a ratio as "0.93x"; "n/a" when unknown.
 func ratioStr(v float64) string {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return "n/a"
@@ -94,103 +68,54 @@ func ratioStr(v float64) string {
 	return strconv.FormatFloat(v, 'f', 2, 64) + "x"
 }
 
-// dur formats a duration in the most readable unit with 3 significant digits.
-func dur(d time.Duration) string {
-	switch {
-	case d < 0:
-		return "-" + dur(-d)
-	case d < time.Microsecond:
-		return fmt.Sprintf("%d ns", d.Nanoseconds())
-	case d < time.Millisecond:
-		return sig3(float64(d)/1e3) + " µs"
-	case d < time.Second:
-		return sig3(float64(d)/1e6) + " ms"
+func usStr(v float64) string { return num(v) + " µs" }
+
+func sizeName(size int) string {
+	if size%1024 == 0 {
+		return fmt.Sprintf("%d KiB", size/1024)
 	}
-	return sig3(d.Seconds()) + " s"
+	return fmt.Sprintf("%d B", size)
 }
 
-// bytesStr formats a byte count in binary units: 1536 -> "1.50 KiB".
-func bytesStr(v float64) string {
-	if math.IsNaN(v) {
-		return "n/a"
+func groupDigits(n int) string {
+	s := fmt.Sprint(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + " " + s[i:]
 	}
-	neg := ""
-	if v < 0 {
-		neg, v = "-", -v
-	}
-	switch {
-	case v >= 1<<30:
-		return neg + strconv.FormatFloat(v/(1<<30), 'f', 2, 64) + " GiB"
-	case v >= 1<<20:
-		return neg + strconv.FormatFloat(v/(1<<20), 'f', 2, 64) + " MiB"
-	case v >= 1<<10:
-		return neg + strconv.FormatFloat(v/(1<<10), 'f', 2, 64) + " KiB"
-	}
-	return neg + strconv.FormatFloat(v, 'f', 0, 64) + " B"
+	return s
 }
-
-// ---- event payloads ---------------------------------------------------------
 
 // parseTS extracts the "ts" number from an event's data; false if absent.
 func parseTS(data []byte) (int64, bool) {
-	i := bytes.Index(data, []byte(`"ts":`))
-	if i < 0 {
-		return 0, false
+	_, rest, ok := bytes.Cut(data, []byte(`"ts":`))
+	end := 0
+	for end < len(rest) && rest[end] >= '0' && rest[end] <= '9' {
+		end++
 	}
-	var v int64
-	j := i + len(`"ts":`)
-	k := j
-	for ; k < len(data) && data[k] >= '0' && data[k] <= '9'; k++ {
-		v = v*10 + int64(data[k]-'0')
-	}
-	return v, k > j
+	v, err := strconv.ParseInt(string(rest[:end]), 10, 64)
+	return v, ok && err == nil
 }
 
-// statmRSS returns the resident set size from the text of /proc/self/statm.
-func statmRSS(statm string, pageSize int) (int64, error) {
-	f := strings.Fields(statm)
-	if len(f) < 2 {
-		return 0, fmt.Errorf("statm: %q", statm)
+// busyCPU is the time all CPUs spent busy so far: the "cpu" line of
+// /proc/stat without idle and iowait (guest time is in user already).
+func busyCPU(stat string) time.Duration {
+	f := strings.Fields(strings.SplitN(stat, "\n", 2)[0])
+	var busy int64
+	for i := 1; i < len(f) && i <= 8; i++ {
+		if v, err := strconv.ParseInt(f[i], 10, 64); err == nil && i != 4 && i != 5 {
+			busy += v
+		}
 	}
-	pages, err := strconv.ParseInt(f[1], 10, 64)
-	if err != nil {
-		return 0, err
-	}
-	return pages * int64(pageSize), nil
+	return time.Duration(busy) * time.Second / 100 // USER_HZ
 }
 
-// cpuModel returns the first "model name" of /proc/cpuinfo's text.
-func cpuModel(cpuinfo string) string {
-	for _, line := range strings.Split(cpuinfo, "\n") {
-		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
-			return strings.TrimSpace(v)
-		}
+// procCPU is a process's user+system CPU time from /proc (10 ms steps).
+func procCPU(pid int) time.Duration {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:])); len(f) > 12 {
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		return time.Duration(u+s) * time.Second / 100
 	}
-	return "unknown"
-}
-
-// procStatCPU returns busy and total jiffies of the "cpu" line of /proc/stat's
-// text (busy excludes idle and iowait).
-func procStatCPU(stat string) (busy, total int64, err error) {
-	for _, line := range strings.Split(stat, "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 || f[0] != "cpu" {
-			continue
-		}
-		for i, s := range f[1:] {
-			v, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				return 0, 0, fmt.Errorf("/proc/stat: %q", line)
-			}
-			if i >= 8 { // guest and guest_nice are already in user and nice
-				break
-			}
-			total += v
-			if i != 3 && i != 4 { // idle, iowait
-				busy += v
-			}
-		}
-		return busy, total, nil
-	}
-	return 0, 0, errors.New("/proc/stat: no cpu line")
+	return 0
 }
