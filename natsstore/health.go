@@ -28,16 +28,15 @@ func (st *Store) Available() error {
 }
 
 const (
-	probeEvery    = time.Second      // how often the probe writes
-	probeTimeout  = 2 * time.Second  // how long its acks may take before the store counts as unavailable
-	probeTTL      = 30 * time.Second // how long a META probe key outlives its replica
-	probePrefix   = "_probe."        // the probe's keys, which mirrors skip
-	probeFailures = 2                // probes failed in a row that make the store unavailable
+	probeEvery    = time.Second     // how often the probe writes
+	probeTimeout  = 2 * time.Second // how long its acks may take before the store counts as unavailable
+	probeKey      = "_probe"        // the probe's key and subject token, which mirrors skip
+	probeFailures = 2               // probes failed in a row that make the store unavailable
 )
 
 // healthLoop writes, every second, what a call needs to be able to write:
-// a probe key of this replica's to every bucket, and a message to the
-// events stream (deleted at once). JetStream acknowledges a write only once
+// a probe key to every bucket, and a message to the events stream (purged
+// at once). JetStream acknowledges a write only once
 // a quorum of that stream's replicas stored it, and it places each stream
 // and bucket on peers of its own, so each is probed (a stream's info, by
 // contrast, is answered by a leader that has not yet noticed it lost its
@@ -54,7 +53,7 @@ func (st *Store) healthLoop() {
 		case <-t.C:
 		}
 		if st.closing.Load() {
-			return // its keys are being dropped
+			return
 		}
 		if !st.nc.IsConnected() {
 			continue // Available says so already; the probe would only time out
@@ -80,29 +79,29 @@ func (st *Store) healthLoop() {
 }
 
 // probe writes to every stream of the zone at once, and returns the first
-// refusal.
+// refusal. Every replica writes the same key and subject, so a replica
+// that dies leaves nothing behind: the next probe overwrites (buckets) or
+// purges (events) what it wrote.
 func (st *Store) probe() error {
 	ctx, cancel := context.WithTimeout(st.ctx, probeTimeout)
 	defer cancel()
 	n := st.names
-	key := probePrefix + st.probeKey
 	errs := make(chan error, 6)
-	put := func(bucket string, opts ...jetstream.PublishOpt) {
-		_, err := st.js.Publish(ctx, "$KV."+bucket+"."+key, nil, opts...)
+	put := func(bucket string) {
+		_, err := st.js.Publish(ctx, "$KV."+bucket+"."+probeKey, nil)
 		if err != nil {
 			err = fmt.Errorf("bucket %s: %w", bucket, err)
 		}
 		errs <- err
 	}
-	go put(n.meta, jetstream.WithMsgTTL(probeTTL))
-	go put(n.sessions)
-	go put(n.streams)
-	go put(n.tombs)
-	go put(n.leases, jetstream.WithMsgTTL(probeTTL))
+	for _, b := range []string{n.meta, n.sessions, n.streams, n.tombs, n.leases} {
+		go put(b)
+	}
 	go func() {
-		ack, err := st.js.Publish(ctx, n.evPrefix+key, nil)
+		subject := n.evPrefix + probeKey
+		_, err := st.js.Publish(ctx, subject, nil)
 		if err == nil {
-			err = st.events.DeleteMsg(ctx, ack.Sequence)
+			err = st.events.Purge(ctx, jetstream.WithPurgeSubject(subject))
 		}
 		if err != nil {
 			err = fmt.Errorf("stream %s: %w", n.events, err)
@@ -116,18 +115,4 @@ func (st *Store) probe() error {
 		}
 	}
 	return first
-}
-
-// dropProbeKeys deletes this replica's probe keys from the buckets whose
-// keys do not expire by themselves.
-func (st *Store) dropProbeKeys(ctx context.Context) {
-	for _, b := range []string{st.names.sessions, st.names.streams, st.names.tombs} {
-		str, err := st.js.Stream(ctx, "KV_"+b)
-		if err == nil {
-			err = str.Purge(ctx, jetstream.WithPurgeSubject("$KV."+b+"."+probePrefix+st.probeKey))
-		}
-		if err != nil {
-			st.fault("probe", err)
-		}
-	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -205,7 +204,7 @@ func (m *mirror[T]) watch(ctx context.Context, onErr func(error)) (ready <-chan 
 
 // take applies one watched entry.
 func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
-	if strings.HasPrefix(e.Key(), probePrefix) {
+	if e.Key() == probeKey {
 		return // a replica's health probe, not a record
 	}
 	if e.Operation() != jetstream.KeyValuePut {

@@ -3,7 +3,6 @@ package natsstore
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
@@ -61,7 +60,6 @@ type Store struct {
 	admitting admissions
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs
 	probeErr  atomic.Pointer[error] // why the last health probe failed; nil while it answers
-	probeKey  string                // this replica's key for the health probe
 	bg        struct {
 		mu     sync.Mutex
 		closed bool
@@ -120,9 +118,6 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := st.startMirrors(ctx); err != nil {
 		return nil, err
 	}
-	pk := make([]byte, 8)
-	rand.Read(pk)
-	st.probeKey = hex.EncodeToString(pk)
 	st.wg.Add(3)
 	go st.renewLoop()
 	go st.sweepLoop()
@@ -356,9 +351,6 @@ func (st *Store) close() {
 	}
 	st.held.releaseAll(st)
 	st.sweeper.release(st)
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	st.dropProbeKeys(ctx)
-	cancel()
 	st.shutdown()
 }
 
