@@ -223,6 +223,10 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 	return nil
 }
 
+// upstreamNoter is a stream (a shared store's) that stores the upstream
+// cursor with the events, so that a producer that dies leaves it exact.
+type upstreamNoter interface{ NextUpstream(id string) }
+
 // maxBatch bounds the events appended in one step.
 const maxBatch = 64
 
@@ -238,7 +242,11 @@ func (t *upstreamTap) flush() error {
 	if ba, ok := t.stream.(buffer.BatchAppender); ok {
 		last, n, err = ba.AppendBatch(t.ctx, t.batch)
 	} else {
+		noter, _ := t.stream.(upstreamNoter)
 		for n < len(t.batch) {
+			if id := t.batchIDs[n]; noter != nil && id.has {
+				noter.NextUpstream(id.id)
+			}
 			var seq uint64
 			if seq, err = t.stream.Append(t.ctx, t.batch[n].Fields, t.batch[n].Answers); err != nil {
 				break

@@ -53,6 +53,8 @@ func (st *Store) evict(key string, now time.Time) bool {
 	}
 	var off int64
 	var purgeBefore, floorMsg uint64 // purge below purgeBefore (0: nothing)
+	var upstream string
+	var upstreamAt uint64
 	head, headOff := rec.Head, rec.HeadOff
 	switch {
 	case at != nil:
@@ -65,6 +67,7 @@ func (st *Store) evict(key string, now time.Time) bool {
 		floor = min(floor, last.last()+1)
 		head, headOff = max(head, last.last()), max(headOff, last.endOff())
 		off, purgeBefore, floorMsg = last.endOff(), last.seq+1, last.seq+1
+		upstream, upstreamAt = last.upstream, last.last() // the cursor it carries stays, in the record
 	default:
 		floor = min(floor, rec.Head+1)
 		off = rec.HeadOff
@@ -84,6 +87,9 @@ func (st *Store) evict(key string, now time.Time) bool {
 		from = r.Floor
 		r.moveFloor(floor, off, floorMsg)
 		r.Head, r.HeadOff = max(r.Head, head), max(r.HeadOff, headOff)
+		if upstream != "" && upstreamAt > r.UpstreamAt {
+			r.Upstream, r.UpstreamAt = upstream, upstreamAt
+		}
 		return nil
 	})
 	if err != nil || from == 0 {

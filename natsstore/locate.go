@@ -27,19 +27,24 @@ const (
 	hdrAnswers = "Mcpr-Answers" // JSON [[request id, seq], ...]: answers among the events
 	hdrEnd     = "Mcpr-End"     // on an end marker: "complete" or "failed"
 	hdrReason  = "Mcpr-Reason"  // on a failed end marker: the reason
+	// hdrUpstream is the upstream's event ID as of the batch's last event:
+	// where a producer that takes the stream over asks the upstream to
+	// resume, even if the one before it died without recording it.
+	hdrUpstream = "Mcpr-Upstream"
 )
 
 // msgInfo is what a message's headers say.
 type msgInfo struct {
-	seq     uint64 // stream sequence
-	first   uint64
-	lens    []int // nil: one event (the whole payload), or none (an end marker)
-	off     int64
-	size    int
-	id      string // Nats-Msg-Id
-	end     policy.StreamState
-	reason  policy.Reason
-	answers []answer
+	seq      uint64 // stream sequence
+	first    uint64
+	lens     []int // nil: one event (the whole payload), or none (an end marker)
+	off      int64
+	size     int
+	id       string // Nats-Msg-Id
+	end      policy.StreamState
+	reason   policy.Reason
+	answers  []answer
+	upstream string // hdrUpstream
 }
 
 type answer struct {
@@ -48,7 +53,7 @@ type answer struct {
 }
 
 func parseMsg(seq uint64, h nats.Header, data []byte) (msgInfo, error) {
-	m := msgInfo{seq: seq, size: len(data), id: h.Get(jetstream.MsgIDHeader)}
+	m := msgInfo{seq: seq, size: len(data), id: h.Get(jetstream.MsgIDHeader), upstream: h.Get(hdrUpstream)}
 	var err error
 	if m.first, err = strconv.ParseUint(h.Get(hdrFirst), 10, 64); err != nil {
 		return m, fmt.Errorf("natsstore: message %d: bad %s", seq, hdrFirst)

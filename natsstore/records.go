@@ -65,7 +65,8 @@ type streamRecord struct {
 	Deliveries []delivery           `json:"dlv,omitempty"`
 	Reader     *readerEntry         `json:"reader,omitempty"`
 	Upstream   string               `json:"upstream,omitempty"`
-	Opened     bool                 `json:"opened,omitempty"` // a client or producer used it (request streams: always)
+	UpstreamAt uint64               `json:"upstream_at,omitempty"` // the stored head Upstream was recorded at
+	Opened     bool                 `json:"opened,omitempty"`      // a client or producer used it (request streams: always)
 	Created    int64                `json:"created"`
 	Ended      int64                `json:"ended,omitempty"`
 }

@@ -284,20 +284,27 @@ func (s *stream) markOpened() {
 	}
 }
 
-// UpstreamCursor implements buffer.Stream. It reads the record from KV, not
-// the mirror: the producer before this one (on another replica) wrote it a
-// moment ago, and a stale cursor would have the upstream send again what
-// the stream has (or skip what it lacks).
+// UpstreamCursor implements buffer.Stream: the cursor recorded by the
+// producer before this one, or the one the last stored batch carries if it
+// is newer (its producer died without recording one). It reads both from
+// JetStream, not the mirror: the producer before this one (on another
+// replica) wrote them a moment ago, and a stale cursor would have the
+// upstream send again what the stream has (or skip what it lacks).
 func (s *stream) UpstreamCursor() string {
 	ctx, cancel := s.sess.st.opCtx()
 	defer cancel()
 	if _, _, err := s.sess.st.streams.fetch(ctx, s.key); err != nil && !errors.Is(err, errNotFound) {
 		s.sess.st.fault("stream", err)
 	}
-	if rec, ok := s.record(); ok {
-		return rec.Upstream
+	rec, ok := s.record()
+	if !ok {
+		return ""
 	}
-	return ""
+	m, err := s.sess.st.lastMsg(ctx, s.sess.st.names.subject(s.key))
+	if err == nil && m != nil && m.upstream != "" && m.end == policy.Live && m.last() > rec.UpstreamAt {
+		return m.upstream
+	}
+	return rec.Upstream
 }
 
 // WaitStored waits, as ReleaseProducer does, until what this replica
@@ -316,17 +323,34 @@ func (s *stream) WaitStored() uint64 {
 }
 
 func (s *stream) SetUpstreamCursor(id string) {
+	at := s.View().Head
+	if w := s.currentWriter(); w != nil {
+		w.mu.Lock()
+		at = w.stored
+		w.mu.Unlock()
+	}
 	ctx, cancel := s.sess.st.opCtx()
 	defer cancel()
 	_, err := s.sess.st.streams.update(ctx, s.key, func(r *streamRecord) error {
-		if r.Upstream == id {
+		if r.Upstream == id && r.UpstreamAt == at {
 			return errUnchanged
 		}
-		r.Upstream = id
+		r.Upstream, r.UpstreamAt = id, at
 		return nil
 	})
 	if err != nil && !errors.Is(err, errNotFound) {
 		s.sess.st.fault("stream", err)
+	}
+}
+
+// NextUpstream tells the stream the upstream's event ID of the event
+// appended next: the batch that stores it carries it, so a producer that
+// dies leaves the exact cursor with what it stored.
+func (s *stream) NextUpstream(id string) {
+	if w, err := s.writer(); err == nil {
+		w.mu.Lock()
+		w.nextUp = id
+		w.mu.Unlock()
 	}
 }
 

@@ -38,7 +38,9 @@ type writer struct {
 	stopErr   error // the session ended or the store closes: stop publishing
 	err       error // the writer can store nothing more
 	answers   map[string]uint64
-	synced    int64 // headOff last written to the record
+	upstream  string // the upstream cursor as of the last event appended
+	nextUp    string // the cursor once the next event is appended (NextUpstream)
+	synced    int64  // headOff last written to the record
 	syncedAt  time.Time
 	room      signal // a batch was taken or stored, or the writer stopped
 
@@ -46,12 +48,13 @@ type writer struct {
 }
 
 type batch struct {
-	buf     []byte
-	lens    []int
-	first   uint64
-	off     int64
-	answers []answer
-	stored  int64 // what JetStream will count for it, once published
+	buf      []byte
+	lens     []int
+	first    uint64
+	off      int64
+	answers  []answer
+	upstream string // the upstream cursor as of its last event
+	stored   int64  // what JetStream will count for it, once published
 }
 
 func (b *batch) last() uint64 { return b.first + uint64(len(b.lens)) - 1 }
@@ -68,6 +71,9 @@ func (b *batch) msg(subject string) *nats.Msg {
 	}
 	if len(b.answers) > 0 {
 		msg.Header.Set(hdrAnswers, encodeAnswers(b.answers))
+	}
+	if b.upstream != "" {
+		msg.Header.Set(hdrUpstream, b.upstream)
 	}
 	return msg
 }
@@ -91,6 +97,10 @@ func (w *writer) load() error {
 		return buffer.ErrStreamEnded
 	}
 	w.head, w.headOff = rec.Head, rec.HeadOff
+	w.upstream = rec.Upstream // carried by the batches this writer stores until the tap moves it
+	if last != nil && last.upstream != "" && last.last() > rec.UpstreamAt {
+		w.upstream = last.upstream
+	}
 	if last != nil && last.last() >= w.head {
 		w.head, w.headOff, w.lastMsg = last.last(), last.endOff(), last.seq
 		w.ending = last.end != policy.Live
@@ -155,6 +165,10 @@ func (w *writer) addLocked(fields []byte, answers []string) uint64 {
 			}
 		}
 	}
+	if w.nextUp != "" {
+		w.upstream, w.nextUp = w.nextUp, ""
+	}
+	b.upstream = w.upstream
 	w.head, w.headOff = seq, w.headOff+int64(n)
 	w.others.grown.Store(w.headOff)
 	w.st.unstored.Add(int64(n))
