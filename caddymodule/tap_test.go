@@ -1,5 +1,10 @@
 package caddymodule
 
+// Unit tests of the upstream tap on httptest servers, one per upstream
+// behaviour (early close, connection error, no ids, 404, retry delay,
+// repeats, batches, oversized events): longer than most files, as its
+// subject is the tap as a whole.
+
 import (
 	"context"
 	"encoding/json"

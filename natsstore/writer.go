@@ -1,5 +1,11 @@
 package natsstore
 
+// The producer's side of a stream: one writer per stream this replica
+// produces, batching appends into JetStream messages. It is one file,
+// longer than most, because append, flush, publish and the record's sync
+// share one lock and one set of counters; split, the invariants between
+// them would be spread over files.
+
 import (
 	"context"
 	"errors"

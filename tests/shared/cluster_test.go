@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
@@ -161,4 +162,27 @@ func metric(t *testing.T, r *replica, name string) float64 {
 	}
 	v, _ := m.Sum(name)
 	return v
+}
+
+// notify has the upstream send n notices on c's standalone stream, one every
+// interval.
+func notify(t *testing.T, c *mcptest.SDKClient, n int, interval time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	args := map[string]any{"n": n, "interval_ms": interval.Milliseconds()}
+	if _, err := c.Session.CallTool(ctx, &mcp.CallToolParams{Name: "notify", Arguments: args}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// assertNotices checks that got is notices 1, 2, 3, ... of n, none skipped
+// or repeated.
+func assertNotices(t *testing.T, got []string, n int) {
+	t.Helper()
+	for i, s := range got {
+		if want := fmt.Sprintf("notice %d of %d", i+1, n); s != want {
+			t.Fatalf("notice #%d = %q, want %q (around: %q)", i+1, s, want, got[max(i-3, 0):min(i+3, len(got))])
+		}
+	}
 }

@@ -1,12 +1,8 @@
 package shared
 
 import (
-	"context"
-	"fmt"
 	"testing"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
@@ -27,11 +23,7 @@ func TestDrainKeepsTheStandaloneEventBeingAppended(t *testing.T) {
 	c := d.client("2025-11-25")
 	time.Sleep(300 * time.Millisecond) // the client's standalone GET is open on A
 	const n = 120
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := c.Session.CallTool(ctx, &mcp.CallToolParams{Name: "notify", Arguments: map[string]any{"n": n, "interval_ms": 20}}); err != nil {
-		t.Fatal(err)
-	}
+	notify(t, c, n, 20*time.Millisecond)
 	time.Sleep(3 * time.Second) // the log is full of delivered notices: A's upstream read waits for room
 	seenOnA := len(c.NoticesSeen())
 	if seenOnA >= n {
@@ -46,9 +38,5 @@ func TestDrainKeepsTheStandaloneEventBeingAppended(t *testing.T) {
 	got := c.NoticesSeen()
 	t.Logf("%d notices on A before the stop, %d in all (the rest waits for the window: backpressure)", seenOnA, len(got))
 	// What arrived must be notices 1, 2, 3, ... with none skipped.
-	for i, s := range got {
-		if want := fmt.Sprintf("notice %d of %d", i+1, n); s != want {
-			t.Fatalf("notice #%d = %q, want %q: a notification was skipped silently (around: %q)", i+1, s, want, got[max(i-3, 0):min(i+3, len(got))])
-		}
-	}
+	assertNotices(t, got, n)
 }

@@ -1,12 +1,8 @@
 package shared
 
 import (
-	"context"
-	"fmt"
 	"testing"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
@@ -26,11 +22,7 @@ func TestKillOfTheStandaloneProducerRepeatsNothing(t *testing.T) {
 	c := d.client("2025-11-25")
 	time.Sleep(300 * time.Millisecond) // the client's standalone GET is open on A
 	const n = 100
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := c.Session.CallTool(ctx, &mcp.CallToolParams{Name: "notify", Arguments: map[string]any{"n": n, "interval_ms": 50}}); err != nil {
-		t.Fatal(err)
-	}
+	notify(t, c, n, 50*time.Millisecond)
 	mcptest.Eventually(10*time.Second, 10*time.Millisecond, func() bool { return len(c.NoticesSeen()) >= 30 })
 	a.Kill()
 	seenOnA := len(c.NoticesSeen())
@@ -40,11 +32,7 @@ func TestKillOfTheStandaloneProducerRepeatsNothing(t *testing.T) {
 	time.Sleep(time.Second) // anything repeated would have come by now
 	got := c.NoticesSeen()
 	t.Logf("%d notices before the kill, %d in all", seenOnA, len(got))
-	for i, s := range got {
-		if want := fmt.Sprintf("notice %d of %d", i+1, n); s != want {
-			t.Fatalf("notice #%d = %q, want %q (around: %q)", i+1, s, want, got[max(i-3, 0):min(i+3, len(got))])
-		}
-	}
+	assertNotices(t, got, n)
 	if len(got) != n {
 		t.Fatalf("%d notices, want %d", len(got), n)
 	}

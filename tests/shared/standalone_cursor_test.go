@@ -1,12 +1,9 @@
 package shared
 
 import (
-	"context"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
@@ -56,11 +53,7 @@ func TestStandaloneCursorIsTheLastStoredEvent(t *testing.T) {
 	c := d.client("2025-11-25")
 	time.Sleep(300 * time.Millisecond) // the client's standalone GET is open on A
 	const n = 100
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := c.Session.CallTool(ctx, &mcp.CallToolParams{Name: "notify", Arguments: map[string]any{"n": n, "interval_ms": 50}}); err != nil {
-		t.Fatal(err)
-	}
+	notify(t, c, n, 50*time.Millisecond)
 	time.Sleep(time.Second)
 	reloadPerms(deny) // the events stream takes no more publishes; the KV buckets do
 	time.Sleep(1500 * time.Millisecond)
@@ -78,11 +71,7 @@ func TestStandaloneCursorIsTheLastStoredEvent(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	got := c.NoticesSeen()
 	t.Logf("%d notices before the stop, %d in all", seenOnA, len(got))
-	for i, s := range got {
-		if want := fmt.Sprintf("notice %d of %d", i+1, n); s != want {
-			t.Fatalf("notice #%d = %q, want %q: notifications skipped silently (around: %q)", i+1, s, want, got[max(i-3, 0):min(i+3, len(got))])
-		}
-	}
+	assertNotices(t, got, n)
 	if len(got) < n {
 		t.Fatalf("only %d of %d notices", len(got), n)
 	}
