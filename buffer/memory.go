@@ -271,9 +271,19 @@ func (st *MemoryStore) Tombstone(id string) (Tombstone, bool) {
 func (st *MemoryStore) Delete(id string, reason policy.Reason) bool {
 	st.mu.Lock()
 	s, ok := st.sessions[id]
+	var provisional *Tombstone
 	if ok {
 		delete(st.sessions, id)
 		st.countLocked(s.Meta().Origin, -1)
+		// Until the full tombstone below: a request in between must find
+		// the session ended, never unknown (adopted under any credential).
+		provisional = &Tombstone{Past: Past{Epoch: s.epoch, Reason: reason}, Fingerprint: s.meta.Fingerprint,
+			BindHeaders: s.meta.BindHeaders, Version: s.meta.Version, Ended: st.now()}
+		if _, remembered := st.tombs[id]; !remembered {
+			st.tombs[id] = provisional
+		} else {
+			provisional = nil
+		}
 	}
 	st.mu.Unlock()
 	if !ok {
@@ -294,6 +304,8 @@ func (st *MemoryStore) Delete(id string, reason policy.Reason) bool {
 		st.tombs[id] = t
 		st.tombOrder = append(st.tombOrder, tombRef{id: id, ended: now})
 		st.dropTombstonesLocked(now, st.maxTombstones())
+	} else if provisional != nil && st.tombs[id] == provisional {
+		delete(st.tombs, id)
 	}
 	st.mu.Unlock()
 	if h := st.opts.Hooks.SessionEnded; h != nil {

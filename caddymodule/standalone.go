@@ -1,9 +1,11 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
@@ -118,7 +120,27 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 		t.startRelay(w, rd, pre, 0)
 		return true
 	}
-	res := t.attempt(t.standaloneRequest(r), w, start, false)
+	// An upstream that still holds a standalone GET of the session (the
+	// proxy's own, closing as the session ended here) answers 409 for a
+	// moment: ask again before the client gets it.
+	var res attemptResult
+	for attempt := 1; ; attempt++ {
+		if attempt == adoptAttempts {
+			res = t.attempt(t.standaloneRequest(r), w, start, false)
+			break
+		}
+		held := &heldResponse{header: http.Header{}}
+		res = t.attempt(t.standaloneRequest(r), held, start, false)
+		if res.tapped || existing != nil || res.status != http.StatusConflict {
+			if !res.tapped && existing == nil && res.proxied == nil {
+				held.writeTo(w) // the upstream's answer goes to the client
+			}
+			break
+		}
+		if !t.sleep(200 * time.Millisecond) {
+			return nil
+		}
+	}
 	switch {
 	case existing != nil:
 		s := existing
@@ -134,4 +156,43 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	t.followStandalone(res)
 	return nil
+}
+
+// adoptAttempts bounds the upstream GETs an adoption makes while the
+// upstream answers 409.
+const adoptAttempts = 5
+
+// heldResponse keeps a response that is not an event stream, to hand it to
+// the client only if it is the last word.
+type heldResponse struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (h *heldResponse) Header() http.Header { return h.header }
+func (h *heldResponse) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
+}
+func (h *heldResponse) Write(p []byte) (int, error) {
+	if h.status == 0 {
+		h.status = http.StatusOK
+	}
+	if h.body.Len() < 64<<10 { // an error body, not a stream
+		h.body.Write(p[:min(len(p), 64<<10-h.body.Len())])
+	}
+	return len(p), nil
+}
+func (h *heldResponse) Flush() {}
+
+func (h *heldResponse) writeTo(w http.ResponseWriter) {
+	for k, v := range h.header {
+		w.Header()[k] = v
+	}
+	if h.status != 0 {
+		w.WriteHeader(h.status)
+	}
+	w.Write(h.body.Bytes())
 }
