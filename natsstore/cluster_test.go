@@ -16,7 +16,7 @@ import (
 // event is read back once and in order.
 func TestClusterLosesLeader(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a 3-node cluster")
+		t.Skip("-short: this test starts a 3-node JetStream cluster (about 10 s); the full run covers it")
 	}
 	servers := testnet.NATSCluster(t, 3)
 	var urls []string

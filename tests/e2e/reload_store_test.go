@@ -30,7 +30,7 @@ func TestReloadSpellingOutTheStoreKeepsCalls(t *testing.T) {
 // with every event and its result.
 func TestReloadChangingTheSharedStoreDrainsCalls(t *testing.T) {
 	if !harness.SharedStore() {
-		t.Skip("the memory store has one configuration")
+		t.Skip("memory-store leg: the memory store has no options, so no reload can move it to another store; the JetStream leg of this suite runs this test")
 	}
 	reloadDuringCall(t, "store nats {\n embedded {env.MCPR_TEST_STORE_DIR}\n lease_ttl 45s\n }")
 }
