@@ -231,11 +231,23 @@ func (c *othersCache) get(w *writer, fresh bool) int64 {
 // totalBytes caches what the events stream stores, read from JetStream at
 // most once a second (or when a decision needs it fresh), plus what this
 // replica has stored since.
+//
+// A reading can miss batches stored while it was under way, and must not
+// wipe out what add counted for them: each batch stored here is kept with
+// its stream sequence until a reading's last sequence covers it. (Dropping
+// them let eight streams without a client take the reserve for connected
+// ones: the total read low by a quarter of max_total_bytes.)
 type totalBytes struct {
 	mu         sync.Mutex
 	bytes      int64
 	at         time.Time
 	refreshing bool
+	recent     []storedBatch // stored here, not yet seen by a reading
+}
+
+type storedBatch struct {
+	seq   uint64
+	bytes int64
 }
 
 func (t *totalBytes) get(st *Store, maxAge time.Duration) int64 {
@@ -264,20 +276,38 @@ func (t *totalBytes) refresh(st *Store) {
 	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
 	info, err := st.events.Info(ctx)
 	cancel()
-	t.mu.Lock()
-	t.refreshing = false
 	if err == nil {
-		t.bytes, t.at = int64(info.State.Bytes), time.Now()
+		t.settle(int64(info.State.Bytes), info.State.LastSeq)
 	} else {
-		t.at = time.Now() // try again in a while; keep the last figure
+		t.mu.Lock()
+		t.refreshing, t.at = false, time.Now() // try again in a while; keep the last figure
+		t.mu.Unlock()
 	}
-	t.mu.Unlock()
 	st.fault("stream_info", err)
 }
 
-func (t *totalBytes) add(n int64) {
+// settle takes a reading: the stream stored bytes up to message last. The
+// batches stored here after last are added to it; the others it counted.
+func (t *totalBytes) settle(bytes int64, last uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	keep := t.recent[:0]
+	for _, b := range t.recent {
+		if b.seq > last {
+			bytes += b.bytes
+			keep = append(keep, b)
+		}
+	}
+	clear(t.recent[len(keep):])
+	t.recent = keep
+	t.bytes, t.at, t.refreshing = bytes, time.Now(), false
+}
+
+// add counts a batch stored here as message seq.
+func (t *totalBytes) add(seq uint64, n int64) {
 	t.mu.Lock()
 	t.bytes += n
+	t.recent = append(t.recent, storedBatch{seq, n})
 	t.mu.Unlock()
 }
 

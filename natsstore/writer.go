@@ -242,7 +242,7 @@ func (w *writer) flush() {
 		w.st.unstored.Add(-int64(len(b.buf)))
 		w.room.fire()
 		if err == nil {
-			w.st.total.add(b.stored)
+			w.st.total.add(seq, b.stored)
 			w.sync(len(b.answers) > 0)
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -328,6 +329,24 @@ func drain(cl *client, s *sseStream, tr *tracker, requestID, batch, maxResumes i
 		resumes++
 		if s, err = cl.resume(tr.lastID, s.idle); err != nil {
 			return resumes, fmt.Errorf("resume %d from %s: %w", resumes, tr.lastID, err)
+		}
+	}
+}
+
+// dumpState logs what the proxy holds, for a failure to say why.
+func dumpState(t *testing.T, c *harness.Caddy) {
+	t.Helper()
+	if ss, err := c.Sessions(); err == nil {
+		for _, se := range ss {
+			b, _ := json.Marshal(se)
+			t.Logf("session %s", b)
+		}
+	}
+	if m, err := c.Metrics(); err == nil {
+		for k, v := range m.Series {
+			if strings.HasPrefix(k, "caddy_mcp_resume_") && v != 0 {
+				t.Logf("%s %v", k, v)
+			}
 		}
 	}
 }

@@ -95,6 +95,7 @@ func TestTheReserveServesConnectedClients(t *testing.T) {
 	}
 	var tr tracker
 	if _, err := drain(cl, s, &tr, 2, 100, 0); err != nil {
+		dumpState(t, c)
 		t.Fatal(err)
 	}
 	if tr.progress != 5 || tr.errorMsg != "" || len(tr.gaps) != 0 {
@@ -207,7 +208,10 @@ func TestRetainedBytesTrackTheHeap(t *testing.T) {
 // buffer for its life (review item 15.7): six standalone streams whose
 // upstream GETs stay open, idle, after one 4 MB event each hold no more than
 // small buffers once the event left the log (their clients read it and
-// left; the proxy keeps reading the upstream for them).
+// left; the proxy keeps reading the upstream for them). One such stream
+// goes first, before the heap is measured: what a process keeps once for
+// its largest message (the NATS client's write buffer does) is not kept
+// per stream.
 func TestIdleStreamsGiveLargeBuffersBack(t *testing.T) {
 	up := &mcptest.Upstream{}
 	big := strings.Repeat("x", 4<<20)
@@ -223,31 +227,38 @@ func TestIdleStreamsGiveLargeBuffersBack(t *testing.T) {
 		<-r.Context().Done() // the GET stays open, idle
 	})
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, h), "resume_window 1s"))
-	base := mcptest.SettledHeap()
-	for i := 0; i < 6; i++ {
-		cl := newClient(c.Base(), "2025-06-18")
-		if err := cl.initialize(); err != nil {
-			t.Fatal(err)
+	opened := 0
+	idle := func(n int) {
+		t.Helper()
+		for ; n > 0; n-- {
+			opened++
+			cl := newClient(c.Base(), "2025-06-18")
+			if err := cl.initialize(); err != nil {
+				t.Fatal(err)
+			}
+			s, err := cl.open("GET", "", nil, 20*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ev, err := s.next(); err != nil || len(ev.Data) < 4<<20 {
+				t.Fatalf("standalone event: %d bytes, %v", len(ev.Data), err)
+			}
+			s.close()
+			cl.close()
 		}
-		s, err := cl.open("GET", "", nil, 20*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev, err := s.next(); err != nil || len(ev.Data) < 4<<20 {
-			t.Fatalf("standalone event: %d bytes, %v", len(ev.Data), err)
-		}
-		s.close()
-		cl.close()
+		// The relays notice their clients left as they do (not at once).
+		harness.WaitFor(t, 10*time.Second, "the upstream GETs to be read with no client", func() bool {
+			m, _ := c.Metrics()
+			return m.Series["caddy_mcp_resume_detached_upstreams"] == float64(opened)
+		})
+		harness.WaitFor(t, 10*time.Second, "the events to leave their logs", func() bool {
+			m, _ := c.Metrics()
+			return m.Series["caddy_mcp_resume_retained_bytes"] == 0
+		})
 	}
-	// The relays notice their clients left as they do (not at once).
-	harness.WaitFor(t, 10*time.Second, "the 6 upstream GETs to be read with no client", func() bool {
-		m, _ := c.Metrics()
-		return m.Series["caddy_mcp_resume_detached_upstreams"] == 6
-	})
-	harness.WaitFor(t, 10*time.Second, "the events to leave their logs", func() bool {
-		m, _ := c.Metrics()
-		return m.Series["caddy_mcp_resume_retained_bytes"] == 0
-	})
+	idle(1)
+	base := mcptest.SettledHeap()
+	idle(6)
 	grown := int64(mcptest.SettledHeap()) - int64(base)
 	t.Logf("six idle streams after a 4 MB event each: heap grew %d", grown)
 	if grown > 8<<20 {
