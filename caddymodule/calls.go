@@ -231,7 +231,14 @@ func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyht
 		t.stream, t.pending = stream, append([]string(nil), ids...)
 		rd, err := stream.Attach(1)
 		if err != nil {
-			return true // the session ended meanwhile; the tap notices
+			// The upstream runs the call now: its answer goes to the
+			// client as it comes, never nowhere. A repeat of the request
+			// finds the stream failed.
+			h.logger.Warn("stream not retained: its client could not be attached; passed through",
+				zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Error(err))
+			untapped.WithLabelValues("attach_failed").Inc()
+			t.abandon()
+			return false
 		}
 		if c := h.logger.Check(zap.DebugLevel, "tapping request stream"); c != nil {
 			c.Write(zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Strings("request_ids", ids))

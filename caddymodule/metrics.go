@@ -32,7 +32,7 @@ var (
 	upstreamReconnects = newCounterVec("upstream_reconnects_total",
 		"GETs with the upstream's Last-Event-ID (or, on the standalone stream, without one) that resumed an upstream stream that ended early, by outcome: resumed, failed, refused, exhausted.", "outcome")
 	untapped = newCounterVec("untapped_total",
-		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused.", "reason")
+		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused, attach_failed.", "reason")
 	storeRefusals = newCounterVec("store_refusals_total",
 		"Requests refused with 503 because the zone's store could not take them, by reason: connecting (a shared store not connected yet), unavailable (it lost its connection), draining (this process is stopping).", "reason")
 	storeErrors = newCounterVec("store_errors_total",

@@ -110,6 +110,9 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 		t.stream = stream
 		rd, err := stream.Attach(1)
 		if err != nil {
+			// The session is adopted and its stream fed; this client is
+			// told at once (its next GET attaches), not left waiting.
+			h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
 			return true
 		}
 		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)

@@ -405,6 +405,14 @@ func (t *upstreamTap) failureReason(err error, broken bool) policy.Reason {
 	return policy.ReasonUpstreamClosed
 }
 
+// abandon fails the stream and lets go of it before anything was tapped
+// into it: the response passes through instead.
+func (t *upstreamTap) abandon() {
+	t.fail(policy.ReasonUpstreamFailed)
+	t.stream.ReleaseProducer()
+	t.stream = nil
+}
+
 // fail ends the stream loudly: its log gets the gap event and the errors
 // for the requests still waiting (a warning on the standalone stream, which
 // goes on), so connected and resuming clients alike learn it.

@@ -8,6 +8,7 @@ package caddymodule
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -600,4 +602,60 @@ func TestTapFlushWithoutBatchAppender(t *testing.T) {
 	if err := tap.flush(); err != buffer.ErrStreamEnded || len(tap.pending) != 1 || tap.pending[0] != `"b"` || tap.lastID != "u2" {
 		t.Fatalf("flush on an ended stream: %v, pending %q, upstream cursor %q", err, tap.pending, tap.lastID)
 	}
+}
+
+// A stream whose client cannot be attached (a shared store failing at that
+// moment) does not leave the client waiting on nothing: the upstream's
+// answer passes through, as plain reverse_proxy would send it, and the
+// stream is failed so a repeat of the request learns it.
+func TestTapPassesThroughWhenAttachFails(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	h.zone.store = attachFails{h.zone.store}
+	before := testutil.ToFloat64(untapped.WithLabelValues("attach_failed"))
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		sseStep("eof", progress("u1", 1), result("u2", "7")),
+	}}
+	w := serve(t, h, up, post("7"))
+	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"id":7,"result"`) {
+		t.Fatalf("client got %d %q", w.Code, w.Body.String())
+	}
+	if testutil.ToFloat64(untapped.WithLabelValues("attach_failed")) != before+1 {
+		t.Fatal("untapped_total{attach_failed} did not move")
+	}
+	s, _ := h.zone.store.Session("sess-1")
+	str, ok := s.Stream(1)
+	if !ok || str.View().State != policy.Failed {
+		t.Fatalf("the stream is %+v, not failed", str.View())
+	}
+	if !str.ClaimProducer() {
+		t.Fatal("the producer role was kept")
+	}
+}
+
+// attachFails is a store whose request streams cannot attach a client.
+type attachFails struct{ buffer.Store }
+
+func (f attachFails) Session(id string) (buffer.Session, bool) {
+	s, ok := f.Store.Session(id)
+	if !ok {
+		return nil, false
+	}
+	return attachFailsSession{s}, true
+}
+
+type attachFailsSession struct{ buffer.Session }
+
+func (s attachFailsSession) NewStream(ids []string, key [32]byte) (buffer.Stream, error) {
+	str, err := s.Session.NewStream(ids, key)
+	if err != nil {
+		return nil, err
+	}
+	return attachFailsStream{str}, nil
+}
+
+type attachFailsStream struct{ buffer.Stream }
+
+func (attachFailsStream) Attach(uint64) (buffer.Reader, error) {
+	return nil, errors.New("nats: timeout")
 }
