@@ -95,9 +95,10 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 			}
 		case policy.Append:
 			// The event fits; the store is not taking batches fast enough.
-			// That can only go on while NATS fails: it fails the stream as
-			// a full log would.
-			if clk.blocked() && now.Sub(clk.since) >= lim.StallTimeout {
+			// That is flow control against JetStream's acks, not a stall of
+			// the log; it goes on past stall_timeout only while NATS fails,
+			// and fails the stream as a full log would.
+			if waited := clk.waiting(); !waited.IsZero() && now.Sub(waited) >= lim.StallTimeout {
 				return 0, nil, &buffer.FailedError{Reason: policy.ReasonStalled}
 			}
 		}
@@ -105,8 +106,13 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 			continue
 		}
 		due := progress.Add(lim.StallTimeout).Sub(now)
+		roomWait := action != policy.Append
 		return 0, func(ctx context.Context) error {
-			clk.start(w)
+			if roomWait {
+				clk.start(w)
+			} else {
+				clk.flow()
+			}
 			t := time.NewTimer(min(max(due, time.Millisecond), pollInterval))
 			defer t.Stop()
 			select {
@@ -163,10 +169,26 @@ func maxTime(a, b time.Time) time.Time {
 	return b
 }
 
-// stallClock is one append's time blocked, as the memory store counts it.
-type stallClock struct{ since time.Time }
+// stallClock is one append's time blocked, as the memory store counts it:
+// since, from when the log had no room (a backpressure stall); flowing,
+// from when it waited only for the writer's pipeline (counted nowhere).
+type stallClock struct{ since, flowing time.Time }
 
 func (c *stallClock) blocked() bool { return !c.since.IsZero() }
+
+// waiting is when the append began to wait, for whichever reason.
+func (c *stallClock) waiting() time.Time {
+	if c.flowing.IsZero() || (c.blocked() && c.since.Before(c.flowing)) {
+		return c.since
+	}
+	return c.flowing
+}
+
+func (c *stallClock) flow() {
+	if c.flowing.IsZero() {
+		c.flowing = time.Now()
+	}
+}
 
 func (c *stallClock) start(w *writer) {
 	if c.blocked() {

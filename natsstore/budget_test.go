@@ -2,6 +2,7 @@ package natsstore
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,5 +54,45 @@ func TestATotalReadingKeepsWhatWasStoredMeanwhile(t *testing.T) {
 	st.total.settle(int64(now.State.Bytes), now.State.LastSeq)
 	if got := st.total.get(st, time.Hour); got != int64(now.State.Bytes) {
 		t.Fatalf("after a reading that saw everything the total says %d, JetStream %d", got, now.State.Bytes)
+	}
+}
+
+// Appends that wait only for the writer's pipeline (one batch in flight to
+// JetStream) are flow control, not backpressure: with room in every bound
+// a flood counts no stall, and the stalled-streams gauge stays 0. A log
+// that is full still counts one.
+func TestPipelineWaitsAreNotStalls(t *testing.T) {
+	st := openEmbedded(t, testLimits(), func(o *Options) { o.BatchBytes = 4 << 10 })
+	s, err := st.CreateSession("flow", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
+	str.ClaimProducer()
+	fields := []byte("data: " + strings.Repeat("f", 500) + "\n")
+	for i := 0; i < 5000; i++ {
+		if _, err := str.Append(context.Background(), fields, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := str.(*stream).WaitStored(); n != 5000 {
+		t.Fatalf("stored %d of 5000", n)
+	}
+	if n := st.counters.Stalls.Load(); n != 0 {
+		t.Fatalf("%d stalls counted with room in every bound", n)
+	}
+
+	// A full log is a stall.
+	lim := testLimits()
+	lim.MaxStreamBytes, lim.StallTimeout = 8<<10, 200*time.Millisecond
+	st.SetLimits(lim)
+	full, _ := s.NewStream([]string{"2"}, [32]byte{2})
+	full.ClaimProducer()
+	var failed error
+	for i := 0; i < 100 && failed == nil; i++ {
+		_, failed = full.Append(context.Background(), fields, nil)
+	}
+	if failed == nil || st.counters.Stalls.Load() == 0 {
+		t.Fatalf("a full log: %v, %d stalls", failed, st.counters.Stalls.Load())
 	}
 }
