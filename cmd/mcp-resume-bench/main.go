@@ -292,7 +292,7 @@ func (b *bench) start() (err error) {
 	upstream := b.fromLoad.Text()
 	var ports [5]int // admin, mcp_resume, plain, https, jetstream
 	for i := range ports {
-		if ports[i], err = testnet.FreePort(); err != nil {
+		if ports[i], err = testnet.CaddyPort(); err != nil {
 			return err
 		}
 	}

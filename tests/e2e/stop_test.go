@@ -27,7 +27,7 @@ func TestStopWithDetachedStreamsIsPrompt(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	httpPort, adminPort := harness.FreePort(t), harness.FreePort(t)
+	httpPort, adminPort := harness.CaddyPort(t), harness.CaddyPort(t)
 	cfg := filepath.Join(dir, "Caddyfile")
 	os.WriteFile(cfg, []byte(fmt.Sprintf(`{
 	admin localhost:%d

@@ -92,6 +92,18 @@ func FreePort(t testing.TB) int {
 	return p
 }
 
+// CaddyPort returns a loopback TCP port for a Caddy listener, held for
+// this process's life so no other test process's Caddy shares it (see
+// testnet.CaddyPort).
+func CaddyPort(t testing.TB) int {
+	t.Helper()
+	p, err := testnet.CaddyPort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // Caddy is the in-process Caddy. Only one runs per test process at a time.
 type Caddy struct {
 	HTTPPort  int
@@ -122,12 +134,12 @@ func StartCaddyWithGlobal(t testing.TB, global, site string) *Caddy {
 // StartCaddyWithSites is StartCaddy with more sites on ports of their own.
 func StartCaddyWithSites(t testing.TB, global, site string, more ...mcptest.Site) *Caddy {
 	t.Helper()
-	c := &Caddy{HTTPPort: FreePort(t), AdminPort: FreePort(t)}
+	c := &Caddy{HTTPPort: CaddyPort(t), AdminPort: CaddyPort(t)}
 	if mcptest.StoreBlock != "" {
 		os.Setenv(storeDirEnv, t.TempDir())
 	}
 	err := mcptest.Load(mcptest.Config{
-		AdminPort: c.AdminPort, HTTPPort: c.HTTPPort, HTTPSPort: FreePort(t), Global: global,
+		AdminPort: c.AdminPort, HTTPPort: c.HTTPPort, HTTPSPort: CaddyPort(t), Global: global,
 		Sites: append([]mcptest.Site{{Port: c.HTTPPort, Body: site}}, more...),
 	})
 	if err != nil {
@@ -154,7 +166,7 @@ func (c *Caddy) Load(t testing.TB, site string) {
 func (c *Caddy) LoadWithGlobal(t testing.TB, global, site string) {
 	t.Helper()
 	err := mcptest.Load(mcptest.Config{
-		AdminPort: c.AdminPort, HTTPPort: c.HTTPPort, HTTPSPort: FreePort(t), Global: global,
+		AdminPort: c.AdminPort, HTTPPort: c.HTTPPort, HTTPSPort: CaddyPort(t), Global: global,
 		Sites: []mcptest.Site{{Port: c.HTTPPort, Body: site}},
 	})
 	if err != nil {

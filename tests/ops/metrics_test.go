@@ -233,7 +233,7 @@ func TestEveryMetricIsExposed(t *testing.T) {
 	// Two zones: the memory store, and a shared (JetStream) one, whose
 	// metrics only a shared store has.
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	sharedPort := harness.FreePort(t)
+	sharedPort := harness.CaddyPort(t)
 	c := harness.StartCaddyWithSites(t, "", site(upstream, ""), mcptest.Site{Port: sharedPort,
 		Body: site(upstream, "zone shared\nstore nats {\n embedded "+t.TempDir()+"\n}")})
 	for _, base := range []string{c.Base(), fmt.Sprintf("http://127.0.0.1:%d", sharedPort)} {

@@ -112,7 +112,7 @@ func TestLooseEnds(t *testing.T) {
 
 	t.Run("sites in their own zones cannot end each other's sessions", func(t *testing.T) {
 		a, b := harness.StartDemo(t, demoserver.Options{}), harness.StartDemo(t, demoserver.Options{})
-		portB := harness.FreePort(t)
+		portB := harness.CaddyPort(t)
 		c := harness.StartCaddyWithSites(t, "", mcptest.ResumeRoute(a, "zone site_a"),
 			mcptest.Site{Port: portB, Body: mcptest.ResumeRoute(b, "zone site_b")})
 		cl := mustInit(t, newClient(c.Base(), "2025-06-18", nil))

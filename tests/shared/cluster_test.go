@@ -63,9 +63,9 @@ func deploy(t *testing.T, n int, store string, upstreamOpts demoserver.Options) 
 func (d *deployment) start(name, store string, connected bool) *replica {
 	t := d.t
 	t.Helper()
-	cfg := mcptest.Config{AdminPort: harness.FreePort(t), HTTPPort: harness.FreePort(t), HTTPSPort: harness.FreePort(t),
+	cfg := mcptest.Config{AdminPort: harness.CaddyPort(t), HTTPPort: harness.CaddyPort(t), HTTPSPort: harness.CaddyPort(t),
 		Grace: "30s", LogLevel: "INFO",
-		Sites: []mcptest.Site{{Port: harness.FreePort(t), Body: mcptest.ResumeRoute(d.upstream, store)}}}
+		Sites: []mcptest.Site{{Port: harness.CaddyPort(t), Body: mcptest.ResumeRoute(d.upstream, store)}}}
 	p, err := mcptest.StartProcess(caddyBin, t.TempDir(), cfg)
 	if err != nil {
 		t.Fatalf("replica %s: %v", name, err)

@@ -16,9 +16,9 @@ import (
 func startOne(t *testing.T, store string) (*replica, string) {
 	t.Helper()
 	up := harness.StartDemo(t, demoserver.Options{})
-	cfg := mcptest.Config{AdminPort: harness.FreePort(t), HTTPPort: harness.FreePort(t), HTTPSPort: harness.FreePort(t),
+	cfg := mcptest.Config{AdminPort: harness.CaddyPort(t), HTTPPort: harness.CaddyPort(t), HTTPSPort: harness.CaddyPort(t),
 		Grace: "1s", LogLevel: "INFO",
-		Sites: []mcptest.Site{{Port: harness.FreePort(t), Body: mcptest.ResumeRoute(up, store)}}}
+		Sites: []mcptest.Site{{Port: harness.CaddyPort(t), Body: mcptest.ResumeRoute(up, store)}}}
 	p, err := mcptest.StartProcess(caddyBin, t.TempDir(), cfg)
 	if err != nil {
 		t.Fatal(err)
