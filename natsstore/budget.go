@@ -98,7 +98,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 			// That is flow control against JetStream's acks, not a stall of
 			// the log; it goes on past stall_timeout only while NATS fails,
 			// and fails the stream as a full log would.
-			if waited := clk.waiting(); !waited.IsZero() && now.Sub(waited) >= lim.StallTimeout {
+			if !clk.flowing.IsZero() && now.Sub(clk.flowing) >= lim.StallTimeout {
 				return 0, nil, &buffer.FailedError{Reason: policy.ReasonStalled}
 			}
 		}
@@ -110,6 +110,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 		return 0, func(ctx context.Context) error {
 			if roomWait {
 				clk.start(w)
+				clk.flowing = time.Time{} // the pipeline moved, or room would not be the question
 			} else {
 				clk.flow()
 			}
@@ -171,18 +172,11 @@ func maxTime(a, b time.Time) time.Time {
 
 // stallClock is one append's time blocked, as the memory store counts it:
 // since, from when the log had no room (a backpressure stall); flowing,
-// from when it waited only for the writer's pipeline (counted nowhere).
+// from when it began to wait only for the writer's pipeline, in a row
+// (counted nowhere).
 type stallClock struct{ since, flowing time.Time }
 
 func (c *stallClock) blocked() bool { return !c.since.IsZero() }
-
-// waiting is when the append began to wait, for whichever reason.
-func (c *stallClock) waiting() time.Time {
-	if c.flowing.IsZero() || (c.blocked() && c.since.Before(c.flowing)) {
-		return c.since
-	}
-	return c.flowing
-}
 
 func (c *stallClock) flow() {
 	if c.flowing.IsZero() {
@@ -256,7 +250,8 @@ func (c *othersCache) get(w *writer, fresh bool) int64 {
 //
 // A reading can miss batches stored while it was under way, and must not
 // wipe out what add counted for them: each batch stored here is kept with
-// its stream sequence until a reading's last sequence covers it. (Dropping
+// its stream sequence until a reading's last sequence covers it. A reading
+// can also land before the ack of a batch it counted: add skips it. (Dropping
 // them let eight streams without a client take the reserve for connected
 // ones: the total read low by a quarter of max_total_bytes.)
 type totalBytes struct {
@@ -265,6 +260,7 @@ type totalBytes struct {
 	at         time.Time
 	refreshing bool
 	recent     []storedBatch // stored here, not yet seen by a reading
+	seen       uint64        // the last message the last reading saw
 }
 
 type storedBatch struct {
@@ -322,14 +318,17 @@ func (t *totalBytes) settle(bytes int64, last uint64) {
 	}
 	clear(t.recent[len(keep):])
 	t.recent = keep
-	t.bytes, t.at, t.refreshing = bytes, time.Now(), false
+	t.bytes, t.at, t.refreshing, t.seen = bytes, time.Now(), false, last
 }
 
-// add counts a batch stored here as message seq.
+// add counts a batch stored here as message seq, unless a reading that
+// landed before its ack did counted it already.
 func (t *totalBytes) add(seq uint64, n int64) {
 	t.mu.Lock()
-	t.bytes += n
-	t.recent = append(t.recent, storedBatch{seq, n})
+	if seq > t.seen {
+		t.bytes += n
+		t.recent = append(t.recent, storedBatch{seq, n})
+	}
 	t.mu.Unlock()
 }
 

@@ -3,6 +3,7 @@ package natsstore
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,5 +95,75 @@ func TestPipelineWaitsAreNotStalls(t *testing.T) {
 	}
 	if failed == nil || st.counters.Stalls.Load() == 0 {
 		t.Fatalf("a full log: %v, %d stalls", failed, st.counters.Stalls.Load())
+	}
+}
+
+// A reading can land before the ack of a batch it already counts; the
+// batch is then not added again. 32 writers store small batches while
+// readings land in a loop: no batch a reading covered stays in recent.
+func TestABatchIsNeverCountedTwice(t *testing.T) {
+	st := openEmbedded(t, testLimits(), func(o *Options) { o.BatchBytes = 4 << 10 })
+	s, err := st.CreateSession("twice", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const writers = 32
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	wctx, wcancel := context.WithCancel(context.Background())
+	defer wcancel()
+	for i := 0; i < writers; i++ {
+		str, err := s.NewStream([]string{"r"}, [32]byte{byte(i + 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		str.ClaimProducer()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fields := []byte("data: " + strings.Repeat("y", 300) + "\n")
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := str.Append(wctx, fields, nil); err != nil {
+					if wctx.Err() == nil {
+						t.Error(err)
+					}
+					return
+				}
+			}
+		}()
+	}
+	twice, worst := 0, int64(0)
+	deadline := time.Now().Add(3 * time.Second) // before the 32 streams fill the session
+
+	for time.Now().Before(deadline) && twice < 20 {
+		info, err := st.events.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := info.State.LastSeq
+		st.total.settle(int64(info.State.Bytes), last)
+		time.Sleep(time.Millisecond)
+		st.total.mu.Lock()
+		var over int64
+		for _, b := range st.total.recent {
+			if b.seq <= last {
+				twice++
+				over += b.bytes
+			}
+		}
+		st.total.mu.Unlock()
+		worst = max(worst, over)
+	}
+	close(stop)
+	wcancel()
+	wg.Wait()
+	t.Logf("batches counted twice: %d (at most %d bytes at once)", twice, worst)
+	if twice > 0 {
+		t.Fatalf("%d batches were counted both by a reading and by add", twice)
 	}
 }

@@ -239,10 +239,12 @@ func (w *writer) flush() {
 			w.st.purge(ctx, w.s.subject, 0)
 			cancel()
 		}
+		if err == nil {
+			w.st.total.add(seq, b.stored) // before it leaves unstored: never counted in neither
+		}
 		w.st.unstored.Add(-int64(len(b.buf)))
 		w.room.fire()
 		if err == nil {
-			w.st.total.add(seq, b.stored)
 			w.sync(len(b.answers) > 0)
 		}
 	}
