@@ -237,7 +237,7 @@ func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyht
 			h.logger.Warn("stream not retained: its client could not be attached; passed through",
 				zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Error(err))
 			untapped.WithLabelValues("attach_failed").Inc()
-			t.abandon()
+			t.abandon(err)
 			return false
 		}
 		if c := h.logger.Check(zap.DebugLevel, "tapping request stream"); c != nil {

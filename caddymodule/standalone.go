@@ -93,6 +93,7 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	defer t.close()
 	defer context.AfterFunc(h.zone.drainCtx, t.cancel)()
 	var existing buffer.Session // adopted meanwhile by another request
+	var attachErr error         // adopted, but this client could not be attached
 	start := func(http.Header) bool {
 		s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
 		if errors.Is(err, buffer.ErrSessionExists) {
@@ -110,9 +111,9 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 		t.stream = stream
 		rd, err := stream.Attach(1)
 		if err != nil {
-			// The session is adopted and its stream fed; this client is
-			// told at once (its next GET attaches), not left waiting.
-			h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
+			// Drop this upstream GET and tell the client now: the session
+			// is adopted, and its next GET opens the stream's feed again.
+			attachErr, t.failure = err, err
 			return true
 		}
 		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)
@@ -145,6 +146,8 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 		}
 	}
 	switch {
+	case attachErr != nil:
+		return h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
 	case existing != nil:
 		s := existing
 		rd, err := s.Standalone().Attach(1)

@@ -405,10 +405,13 @@ func (t *upstreamTap) failureReason(err error, broken bool) policy.Reason {
 	return policy.ReasonUpstreamClosed
 }
 
-// abandon fails the stream and lets go of it before anything was tapped
-// into it: the response passes through instead.
-func (t *upstreamTap) abandon() {
-	t.fail(policy.ReasonUpstreamFailed)
+// abandon fails the stream (unless its session ended: err says) and lets
+// go of it before anything was tapped into it: the response passes
+// through instead.
+func (t *upstreamTap) abandon(err error) {
+	if !errors.Is(err, buffer.ErrSessionGone) {
+		t.fail(policy.ReasonUpstreamFailed)
+	}
 	t.stream.ReleaseProducer()
 	t.stream = nil
 }

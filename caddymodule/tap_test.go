@@ -659,3 +659,66 @@ type attachFailsStream struct{ buffer.Stream }
 func (attachFailsStream) Attach(uint64) (buffer.Reader, error) {
 	return nil, errors.New("nats: timeout")
 }
+
+// standaloneAttachFails is a store whose created sessions' standalone
+// stream cannot attach a client (a shared store failing at that moment).
+type standaloneAttachFails struct{ buffer.Store }
+
+func (f standaloneAttachFails) CreateSession(id string, meta buffer.SessionMeta) (buffer.Session, error) {
+	s, err := f.Store.CreateSession(id, meta)
+	if err != nil {
+		return nil, err
+	}
+	return standaloneAttachFailsSession{s}, nil
+}
+
+type standaloneAttachFailsSession struct{ buffer.Session }
+
+func (s standaloneAttachFailsSession) Standalone() buffer.Stream {
+	return attachFailsStream{s.Session.Standalone()}
+}
+
+// An adopted standalone stream whose client cannot be attached answers
+// that client a complete 503 at once, over a real HTTP connection, and
+// drops the upstream GET, which would never end by itself (it once went on
+// following it, the 503 unflushed, until the session ended).
+func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
+	h := testHandler(t)
+	s := newSession(t, h, "2025-11-25")
+	cursor := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 3)
+	// The proxy "restarted": a new store with the same key holds nothing,
+	// and its standalone streams cannot attach a client.
+	fresh := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
+	t.Cleanup(fresh.Close)
+	h.zone.store = standaloneAttachFails{fresh}
+
+	// The upstream still holds the session: its standalone GET answers
+	// with a stream that stays open.
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("hang", ": hello\n\n")}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h.ServeHTTP(w, r, up); err != nil {
+			t.Logf("ServeHTTP: %v", err)
+		}
+	}))
+	defer func() { h.zone.stop(); srv.Close() }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set(hdrSessionID, "sess-1")
+	req.Header.Set(hdrVersion, "2025-11-25")
+	req.Header.Set(hdrLastEventID, string(cursor))
+	req.Header.Set("Authorization", "Bearer x")
+	began := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("after %v the client has no response: %v", time.Since(began), err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	t.Logf("status %d after %v, body %q, read error %v", resp.StatusCode, time.Since(began), body, err)
+	if resp.StatusCode != http.StatusServiceUnavailable || err != nil {
+		t.Fatalf("the client got %d and %v, want a complete 503", resp.StatusCode, err)
+	}
+}

@@ -48,6 +48,17 @@ func (st *Store) acquire(key string, lost func()) (bool, error) {
 	return true, nil
 }
 
+// leased reports whether any replica holds the lease of key, confirmed in
+// KV when the mirror has not seen it renewed for a TTL (renewals come every
+// third of one): a lease that expired while this replica was cut off from
+// NATS is not taken as held forever.
+func (st *Store) leased(key string) bool {
+	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
+	defer cancel()
+	_, ok := st.leases.confirm(ctx, key, st.opts.LeaseTTL)
+	return ok
+}
+
 // holds reports whether this replica holds the lease of key.
 func (st *Store) holds(key string) bool {
 	st.held.mu.Lock()

@@ -35,6 +35,7 @@ type entry[T any] struct {
 	val  *T     // nil: deleted
 	raw  []byte // the value as stored, decoded afresh for each write
 	gone int64  // unix nanos of the deletion
+	seen int64  // unix nanos when this revision reached the mirror
 }
 
 func newMirror[T any](kv jetstream.KeyValue, group func(string) string, changed func(string, *T)) *mirror[T] {
@@ -71,6 +72,40 @@ func (m *mirror[T]) lookup(ctx context.Context, key string) (*T, uint64, bool) {
 	}
 	m.apply(key, e.Revision(), e.Value(), v)
 	return m.get(key)
+}
+
+// confirm is get for a key that must not be taken as present on a stale
+// copy: one that has not changed for maxAge is read from KV again. A key
+// that expired while this replica's watch was cut off never reaches the
+// watch (JetStream keeps the expiry's marker for seconds only), so without
+// this it would stay in the mirror for good. When KV cannot be read, the
+// mirror's copy stands.
+func (m *mirror[T]) confirm(ctx context.Context, key string, maxAge time.Duration) (*T, bool) {
+	m.mu.RLock()
+	e := m.entries[key]
+	stale := e != nil && e.val != nil && time.Since(time.Unix(0, e.seen)) >= maxAge
+	var rev uint64
+	if e != nil {
+		rev = e.rev
+	}
+	m.mu.RUnlock()
+	if stale {
+		_, err := m.kv.Get(ctx, key)
+		switch {
+		case err == nil:
+			m.mu.Lock()
+			if e := m.entries[key]; e != nil && e.rev == rev {
+				e.seen = time.Now().UnixNano() // unchanged, and there: ask again in maxAge
+			}
+			m.mu.Unlock()
+			m.fetch(ctx, key) // a newer revision, if any
+		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+			// Gone since rev; anything written later has a higher revision.
+			m.apply(key, rev+1, nil, nil)
+		}
+	}
+	v, _, ok := m.get(key)
+	return v, ok
 }
 
 // keysOf returns the keys of a group.
@@ -125,7 +160,7 @@ func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
 		m.entries[key] = e
 	}
 	was := e.val != nil
-	e.rev, e.val, e.raw = rev, val, raw
+	e.rev, e.val, e.raw, e.seen = rev, val, raw, time.Now().UnixNano()
 	switch {
 	case val != nil && !was:
 		m.live++

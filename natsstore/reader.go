@@ -307,7 +307,7 @@ func (r *reader) lost(from, n uint64) error {
 // producerGone reports, for the standalone stream, that no producer holds
 // it and the reader has read everything stored.
 func (r *reader) producerGone() bool {
-	if _, _, held := r.st.leases.get(r.s.key); held {
+	if r.st.leased(r.s.key) {
 		return false
 	}
 	if w := r.s.currentWriter(); w != nil {

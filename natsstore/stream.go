@@ -197,6 +197,11 @@ func (s *stream) Fail(reason policy.Reason, signals ...buffer.Signal) {
 	st := s.sess.st
 	w, err := s.writer()
 	if err != nil {
+		// The stream ended already, or NATS is out of reach: then the
+		// sweeper fails it once its producer lease is gone.
+		if !errors.Is(err, buffer.ErrStreamEnded) && !errors.Is(err, buffer.ErrSessionGone) {
+			st.fault("fail_stream", err)
+		}
 		return
 	}
 	if s.kind == policy.RequestStream {

@@ -1,0 +1,145 @@
+package natsstore
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// A replica cut off from NATS for longer than a lease's TTL plus the life
+// of its expiry marker (5 s) never sees the lease expire through its watch.
+// Here a request stream's producer lets go of it during such an outage (as
+// a POST whose client could not be attached does): its Fail and its lease
+// release cannot reach NATS. Once NATS is back, the sweeper must still fail
+// the stream, and a repeat of the request must get an end, not wait on a
+// stream no one produces. (The leases mirror kept the lease for good.)
+func TestALeaseThatLapsedDuringAnOutageIsSeenGone(t *testing.T) {
+	ns := testnet.NATS(t)
+	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	st := openAt(t, []string{"nats://" + link.addr()}, func(o *Options) { o.LeaseTTL = 2 * time.Second })
+	s, err := st.CreateSession("cut", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := [32]byte{7}
+	str, err := s.NewStream([]string{"1"}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	str.ClaimProducer()
+
+	link.cut()
+	str.Fail(policy.ReasonUpstreamFailed) // cannot reach NATS
+	str.ReleaseProducer()
+	time.Sleep(2*time.Second + 5*time.Second + time.Second) // the lease lapses, its marker goes
+	link.mend()
+
+	waitUntil(t, "the sweeper to fail the stream", 30*time.Second, func() bool {
+		return str.View().State == policy.Failed
+	})
+	again, ok := s.StreamByKey(key)
+	if !ok {
+		t.Fatal("a repeat of the request finds no stream")
+	}
+	_, rd, err := again.Resume(0, func(policy.StreamView) policy.Resume { return policy.Resume{Kind: policy.Replay, From: 1} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var got []string
+	for {
+		b, err := rd.Read(ctx, nil, 1<<20, time.Second)
+		for _, ev := range b.Data {
+			got = append(got, string(ev))
+		}
+		if err == nil || errors.Is(err, buffer.ErrIdle) {
+			continue
+		}
+		var failed *buffer.FailedError
+		if !errors.As(err, &failed) {
+			t.Fatalf("the repeat's read ended with %v after %q", err, got)
+		}
+		break
+	}
+	if len(got) != 1 || !strings.Contains(got[0], "event: gap") || !strings.Contains(got[0], "-32010") {
+		t.Fatalf("the repeat got %q, want the gap and the error", got)
+	}
+}
+
+// cutter relays TCP connections to target; cut resets them all and
+// refuses new ones until mend: this replica loses NATS while NATS, and
+// its lease expiries, go on.
+type cutter struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	down   bool
+	conns  []net.Conn
+}
+
+func newCutter(t testing.TB, target string) *cutter {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close(); c.cut() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.mu.Lock()
+			down := c.down
+			c.mu.Unlock()
+			out, err := net.Dial("tcp", target)
+			if down || err != nil {
+				in.Close()
+				if out != nil {
+					out.Close()
+				}
+				continue
+			}
+			c.mu.Lock()
+			c.conns = append(c.conns, in, out)
+			c.mu.Unlock()
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() { io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return c
+}
+
+func (c *cutter) addr() string { return c.ln.Addr().String() }
+
+func (c *cutter) cut() {
+	c.mu.Lock()
+	c.down = true
+	conns := c.conns
+	c.conns = nil
+	c.mu.Unlock()
+	for _, conn := range conns {
+		if tc, ok := conn.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		conn.Close()
+	}
+}
+
+func (c *cutter) mend() {
+	c.mu.Lock()
+	c.down = false
+	c.mu.Unlock()
+}
