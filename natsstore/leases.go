@@ -19,7 +19,8 @@ type heldLease struct {
 	key  string
 	rev  uint64
 	val  []byte
-	lost func() // another replica holds it now
+	lost func()      // another replica holds it now
+	keep func() bool // a lease that lapsed is taken again while this holds
 }
 
 // heldLeases are this replica's producer leases.
@@ -57,6 +58,16 @@ func (st *Store) leased(key string) bool {
 	defer cancel()
 	_, ok := st.leases.confirm(ctx, key, st.opts.LeaseTTL)
 	return ok
+}
+
+// keepLease makes the held lease of key one to take again if it lapses
+// while keep holds (a request stream still produced here).
+func (st *Store) keepLease(key string, keep func() bool) {
+	st.held.mu.Lock()
+	if h := st.held.m[key]; h != nil {
+		h.keep = keep
+	}
+	st.held.mu.Unlock()
 }
 
 // holds reports whether this replica holds the lease of key.
@@ -115,6 +126,9 @@ func (st *Store) renewLoop() {
 		st.held.mu.Unlock()
 		for _, h := range list {
 			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
+			st.held.mu.Lock()
+			keep := h.keep
+			st.held.mu.Unlock()
 			switch {
 			case err == nil:
 				st.held.mu.Lock()
@@ -125,6 +139,11 @@ func (st *Store) renewLoop() {
 				var rec leaseRecord
 				json.Unmarshal(h.val, &rec)
 				st.leases.apply(h.key, rev, h.val, &rec)
+			case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
+				// A request stream's lease lapsed while NATS was out of
+				// reach; its producer is still here and takes it again
+				// (unless a sweeper failed the stream meanwhile: then its
+				// next publish fails, as the sweeper's end expects).
 			case isWrongLast(err):
 				st.held.mu.Lock()
 				mine := st.held.m[h.key] == h
@@ -141,6 +160,26 @@ func (st *Store) renewLoop() {
 		}
 		st.heartbeatReaders()
 	}
+}
+
+// reacquire creates the lapsed lease h again; false if the key exists.
+func (st *Store) reacquire(h *heldLease) bool {
+	var rec leaseRecord
+	if json.Unmarshal(h.val, &rec) != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
+	defer cancel()
+	rev, err := st.leases.create(ctx, h.key, &rec, jetstream.KeyTTL(st.opts.LeaseTTL))
+	if err != nil {
+		return false
+	}
+	st.held.mu.Lock()
+	if st.held.m[h.key] == h {
+		h.rev = rev
+	}
+	st.held.mu.Unlock()
+	return true
 }
 
 // heartbeatReaders refreshes this replica's reader entries, so no replica

@@ -180,6 +180,7 @@ func (s *session) NewStream(ids []string, key [32]byte) (buffer.Stream, error) {
 		return nil, err
 	}
 	str := s.stream(num, policy.RequestStream)
+	st.keepLease(skey, str.producing.Load)
 	if s.gone() {
 		return nil, buffer.ErrSessionGone
 	}
