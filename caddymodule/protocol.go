@@ -96,17 +96,18 @@ func prepareSSEHeaders(h http.Header) {
 // writeError answers with an HTTP status and a JSON-RPC error body; id is
 // the request's id (canonical JSON) when one is known.
 func writeError(w http.ResponseWriter, status, code int, id, message string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Del("Content-Length")
-	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "5")
-	}
-	w.WriteHeader(status)
 	var raw json.RawMessage
 	if id != "" {
 		raw = json.RawMessage(id)
 	}
-	w.Write(jsonrpc.ErrorResponse(raw, code, message, nil))
+	body := jsonrpc.ErrorResponse(raw, code, message, nil)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body))) // complete in itself, whatever the handler does next
+	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", "5")
+	}
+	w.WriteHeader(status)
+	w.Write(body)
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

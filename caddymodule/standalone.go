@@ -56,7 +56,7 @@ func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next c
 		t.startRelay(w, rd, pre, replayUpTo)
 		out, start = discard(), func(http.Header) bool { return true }
 	}
-	res := t.attempt(t.standaloneRequest(r), out, start, false)
+	res := t.attemptStandalone(r, out, start, func() bool { return false })
 	if !res.tapped && !answerNow {
 		rd.Close() // the upstream's answer went to the client (a 404 ended the session)
 		return res.proxied
@@ -93,7 +93,6 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	defer t.close()
 	defer context.AfterFunc(h.zone.drainCtx, t.cancel)()
 	var existing buffer.Session // adopted meanwhile by another request
-	var attachErr error         // adopted, but this client could not be attached
 	start := func(http.Header) bool {
 		s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
 		if errors.Is(err, buffer.ErrSessionExists) {
@@ -111,9 +110,13 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 		t.stream = stream
 		rd, err := stream.Attach(1)
 		if err != nil {
-			// Drop this upstream GET and tell the client now: the session
-			// is adopted, and its next GET opens the stream's feed again.
-			attachErr, t.failure = err, err
+			// The session is adopted and its stream fed from this upstream
+			// GET, losing nothing; this client is told now, on a response
+			// complete in itself, and does not reuse a connection whose
+			// handler goes on reading the upstream. Its next GET attaches.
+			w.Header().Set("Connection", "close")
+			h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
+			http.NewResponseController(w).Flush()
 			return true
 		}
 		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)
@@ -124,30 +127,8 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 		t.startRelay(w, rd, pre, 0)
 		return true
 	}
-	// An upstream that still holds a standalone GET of the session (the
-	// proxy's own, closing as the session ended here) answers 409 for a
-	// moment: ask again before the client gets it.
-	var res attemptResult
-	for attempt := 1; ; attempt++ {
-		if attempt == adoptAttempts {
-			res = t.attempt(t.standaloneRequest(r), w, start, false)
-			break
-		}
-		held := &heldResponse{header: http.Header{}}
-		res = t.attempt(t.standaloneRequest(r), held, start, false)
-		if res.tapped || existing != nil || res.status != http.StatusConflict {
-			if !res.tapped && existing == nil && res.proxied == nil {
-				held.writeTo(w) // the upstream's answer goes to the client
-			}
-			break
-		}
-		if !t.sleep(200 * time.Millisecond) {
-			return nil
-		}
-	}
+	res := t.attemptStandalone(r, w, start, func() bool { return existing != nil })
 	switch {
-	case attachErr != nil:
-		return h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
 	case existing != nil:
 		s := existing
 		rd, err := s.Standalone().Attach(1)
@@ -164,9 +145,35 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	return nil
 }
 
-// adoptAttempts bounds the upstream GETs an adoption makes while the
-// upstream answers 409.
-const adoptAttempts = 5
+// attemptStandalone opens the upstream's standalone GET, asking again
+// (up to conflictAttempts, 200 ms apart) while the upstream answers 409: it
+// still holds another GET of the session for a moment (the proxy's own,
+// closing as the session ended here, or another replica's that lost its
+// producer lease), and the client must not get that 409. taken reports
+// that the stream has another producer now: no retry, and the upstream's
+// answer is not the client's. Otherwise what the upstream finally answers
+// goes to out.
+func (t *upstreamTap) attemptStandalone(r *http.Request, out http.ResponseWriter, start func(http.Header) bool, taken func() bool) attemptResult {
+	for attempt := 1; ; attempt++ {
+		if attempt == conflictAttempts {
+			return t.attempt(t.standaloneRequest(r), out, start, false)
+		}
+		held := &heldResponse{header: http.Header{}}
+		res := t.attempt(t.standaloneRequest(r), held, start, false)
+		if res.tapped || taken() || res.status != http.StatusConflict {
+			if !res.tapped && !taken() && res.proxied == nil {
+				held.writeTo(out)
+			}
+			return res
+		}
+		if !t.sleep(200 * time.Millisecond) {
+			return res
+		}
+	}
+}
+
+// conflictAttempts bounds the upstream GETs of attemptStandalone.
+const conflictAttempts = 5
 
 // heldResponse keeps a response that is not an event stream, to hand it to
 // the client only if it is the last word.

@@ -679,46 +679,80 @@ func (s standaloneAttachFailsSession) Standalone() buffer.Stream {
 }
 
 // An adopted standalone stream whose client cannot be attached answers
-// that client a complete 503 at once, over a real HTTP connection, and
-// drops the upstream GET, which would never end by itself (it once went on
-// following it, the 503 unflushed, until the session ended).
+// that client a complete 503 at once, over a real HTTP connection, whatever
+// the upstream's GET does (a comment, nothing, a notification later), and
+// the stream goes on being fed: nothing the upstream sends is lost. (It
+// once went on following the upstream with the 503 unflushed: the client
+// got nothing until the session ended; then dropped the upstream GET at its
+// first write, losing a notification.)
 func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
-	h := testHandler(t)
-	s := newSession(t, h, "2025-11-25")
-	cursor := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 3)
-	// The proxy "restarted": a new store with the same key holds nothing,
-	// and its standalone streams cannot attach a client.
-	fresh := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
-	t.Cleanup(fresh.Close)
-	h.zone.store = standaloneAttachFails{fresh}
+	notification := "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n"
+	for _, tc := range []struct {
+		name     string
+		step     func(http.ResponseWriter, *http.Request) error
+		retained uint64
+	}{
+		{"a comment", sseStep("hang", ": hello\n\n"), 0},
+		{"nothing", sseStep("hang"), 0},
+		{"a notification later", func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			http.NewResponseController(w).Flush()
+			time.Sleep(300 * time.Millisecond)
+			return sseStep("hang", notification)(discardHeaders{w}, r)
+		}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := testHandler(t)
+			s := newSession(t, h, "2025-11-25")
+			cursor := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 3)
+			// The proxy "restarted": a new store with the same key holds
+			// nothing, and its standalone streams cannot attach a client.
+			fresh := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
+			t.Cleanup(fresh.Close)
+			h.zone.store = standaloneAttachFails{fresh}
+			up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{tc.step}}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if err := h.ServeHTTP(w, r, up); err != nil {
+					t.Logf("ServeHTTP: %v", err)
+				}
+			}))
+			defer func() { h.zone.stop(); srv.Close() }()
 
-	// The upstream still holds the session: its standalone GET answers
-	// with a stream that stays open.
-	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("hang", ": hello\n\n")}}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := h.ServeHTTP(w, r, up); err != nil {
-			t.Logf("ServeHTTP: %v", err)
-		}
-	}))
-	defer func() { h.zone.stop(); srv.Close() }()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
-	req.Header.Set("Accept", "text/event-stream")
-	req.Header.Set(hdrSessionID, "sess-1")
-	req.Header.Set(hdrVersion, "2025-11-25")
-	req.Header.Set(hdrLastEventID, string(cursor))
-	req.Header.Set("Authorization", "Bearer x")
-	began := time.Now()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("after %v the client has no response: %v", time.Since(began), err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	t.Logf("status %d after %v, body %q, read error %v", resp.StatusCode, time.Since(began), body, err)
-	if resp.StatusCode != http.StatusServiceUnavailable || err != nil {
-		t.Fatalf("the client got %d and %v, want a complete 503", resp.StatusCode, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
+			req.Header.Set("Accept", "text/event-stream")
+			req.Header.Set(hdrSessionID, "sess-1")
+			req.Header.Set(hdrVersion, "2025-11-25")
+			req.Header.Set(hdrLastEventID, string(cursor))
+			req.Header.Set("Authorization", "Bearer x")
+			began := time.Now()
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatalf("after %v the client has no response: %v", time.Since(began), err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || err != nil || time.Since(began) > 2*time.Second {
+				t.Fatalf("the client got %d %q and %v after %v, want a complete 503 at once", resp.StatusCode, body, err, time.Since(began))
+			}
+			sess, ok := fresh.Session("sess-1")
+			if !ok {
+				t.Fatal("the session was not adopted")
+			}
+			deadline := time.Now().Add(3 * time.Second)
+			for sess.Standalone().View().Head < tc.retained && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if v := sess.Standalone().View(); v.Head != tc.retained || v.State != policy.Live {
+				t.Fatalf("the adopted standalone stream: head %d, %v; want %d events retained, live", v.Head, v.State, tc.retained)
+			}
+		})
 	}
 }
+
+// discardHeaders is a writer whose header calls were made already.
+type discardHeaders struct{ http.ResponseWriter }
+
+func (discardHeaders) WriteHeader(int) {}

@@ -309,6 +309,12 @@ func (t *totalBytes) refresh(st *Store) {
 func (t *totalBytes) settle(bytes int64, last uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if last < t.seen {
+		// The events stream was recreated (sequences start again): what
+		// was stored before is in no reading any more.
+		clear(t.recent)
+		t.recent = t.recent[:0]
+	}
 	keep := t.recent[:0]
 	for _, b := range t.recent {
 		if b.seq > last {

@@ -7,7 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 // A reading of the events stream taken while batches are being stored
@@ -165,5 +168,84 @@ func TestABatchIsNeverCountedTwice(t *testing.T) {
 	t.Logf("batches counted twice: %d (at most %d bytes at once)", twice, worst)
 	if twice > 0 {
 		t.Fatalf("%d batches were counted both by a reading and by add", twice)
+	}
+}
+
+// The events stream is deleted and created anew (by another replica's
+// provisioning) while this replica runs: sequences start again from 1.
+// Batches stored just before, in no reading yet, must not stay counted in
+// every later reading (their old sequences are above every new last).
+func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
+	ns := testnet.NATS(t)
+	urls := []string{ns.ClientURL()}
+	a := openAt(t, urls)
+	s, err := a.CreateSession("reset", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
+	str.ClaimProducer()
+	appendEvents(t, str, 1, 200)
+	str.(*stream).WaitStored()
+	// The zone has been busy: the events stream's sequence is well along.
+	for i := 0; i < 5000; i++ {
+		if _, err := a.js.PublishAsync(a.names.evPrefix+"busy", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-a.js.PublishAsyncComplete()
+	a.events.Purge(context.Background(), jetstream.WithPurgeSubject(a.names.evPrefix+"busy"))
+	a.total.refresh(a) // a reading: seen = its last
+	appendEvents(t, str, 201, 260)
+	str.(*stream).WaitStored()
+	a.total.mu.Lock()
+	recentN, seen := len(a.total.recent), a.total.seen
+	var recentBytes int64
+	for _, b := range a.total.recent {
+		recentBytes += b.bytes
+	}
+	a.total.mu.Unlock()
+	t.Logf("before: %d batches (%d bytes) in recent, seen %d", recentN, recentBytes, seen)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := a.js.DeleteStream(ctx, a.names.events); err != nil {
+		t.Fatal(err)
+	}
+	openAt(t, urls) // another replica provisions the zone's events stream anew
+	waitUntil(t, "replica A to be available again", 20*time.Second, func() bool { return a.Available() == nil })
+
+	// A new session on A stores into the new stream.
+	s2, err := a.CreateSession("after", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str2, _ := s2.NewStream([]string{"1"}, [32]byte{2})
+	str2.ClaimProducer()
+	appendEvents(t, str2, 1, 20)
+	str2.(*stream).WaitStored()
+	info, err := a.events.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.total.mu.Lock()
+	between := a.total.bytes
+	a.total.mu.Unlock()
+	t.Logf("before the next reading: total %d, JetStream %d at last %d", between, info.State.Bytes, info.State.LastSeq)
+
+	a.total.refresh(a)
+	info, _ = a.events.Info(ctx)
+	got := a.total.get(a, time.Hour)
+	t.Logf("after a reading: total %d, JetStream %d at last %d", got, info.State.Bytes, info.State.LastSeq)
+	if got > int64(info.State.Bytes)+1024 {
+		t.Errorf("after a reading the total says %d bytes, JetStream holds %d: batches of the deleted stream still counted", got, info.State.Bytes)
+	}
+	time.Sleep(5 * time.Second)
+	a.total.refresh(a)
+	info, _ = a.events.Info(ctx)
+	got = a.total.get(a, time.Hour)
+	t.Logf("5 s later: total %d, JetStream %d at last %d", got, info.State.Bytes, info.State.LastSeq)
+	if got > int64(info.State.Bytes)+1024 {
+		t.Errorf("5 s later the total says %d bytes, JetStream holds %d", got, info.State.Bytes)
 	}
 }

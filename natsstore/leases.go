@@ -53,8 +53,8 @@ func (st *Store) acquire(key string, lost func()) (bool, error) {
 // KV when the mirror has not seen it renewed for a TTL (renewals come every
 // third of one): a lease that expired while this replica was cut off from
 // NATS is not taken as held forever.
-func (st *Store) leased(key string) bool {
-	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
+func (st *Store) leased(ctx context.Context, key string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	_, ok := st.leases.confirm(ctx, key, st.opts.LeaseTTL)
 	return ok

@@ -90,18 +90,25 @@ func (m *mirror[T]) confirm(ctx context.Context, key string, maxAge time.Duratio
 	}
 	m.mu.RUnlock()
 	if stale {
-		_, err := m.kv.Get(ctx, key)
+		e, err := m.kv.Get(ctx, key)
 		switch {
-		case err == nil:
+		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+			// Gone since rev: its expiry or deletion left a marker, so
+			// anything written later has a revision above rev+1.
+			m.apply(key, rev+1, nil, nil)
+		case err == nil && e.Revision() > rev:
+			v := new(T)
+			if json.Unmarshal(e.Value(), v) == nil {
+				m.apply(key, e.Revision(), e.Value(), v)
+			}
+		default:
+			// Unchanged, or KV out of reach: ask again in maxAge, not on
+			// every call meanwhile.
 			m.mu.Lock()
 			if e := m.entries[key]; e != nil && e.rev == rev {
-				e.seen = time.Now().UnixNano() // unchanged, and there: ask again in maxAge
+				e.seen = time.Now().UnixNano()
 			}
 			m.mu.Unlock()
-			m.fetch(ctx, key) // a newer revision, if any
-		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
-			// Gone since rev; anything written later has a higher revision.
-			m.apply(key, rev+1, nil, nil)
 		}
 	}
 	v, _, ok := m.get(key)

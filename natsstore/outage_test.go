@@ -77,6 +77,52 @@ func TestALeaseThatLapsedDuringAnOutageIsSeenGone(t *testing.T) {
 	}
 }
 
+// A standalone reader on replica A, its producer on replica B; A is cut
+// off from NATS. Once the lease's last renewal A saw is a TTL old, the
+// reader's check for a producer asks KV, and must do so within the Read's
+// context, once per TTL, not for the KV timeout (2 s) on every Read.
+func TestAReadIsNotHeldByALeaseCheckWhileCut(t *testing.T) {
+	ns := testnet.NATS(t)
+	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	mod := func(o *Options) { o.LeaseTTL = 2 * time.Second }
+	a := openAt(t, []string{"nats://" + link.addr()}, mod)
+	b := openAt(t, []string{ns.ClientURL()}, mod)
+	sb, err := b.CreateSession("cutread", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gb := sb.Standalone()
+	if !gb.ClaimProducer() {
+		t.Fatal("no lease")
+	}
+	appendEvents(t, gb, 1, 3)
+	sa := sessionOn(t, a, "cutread")
+	r, err := sa.Standalone().Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if _, err := readSeqs(t, r, sb.Epoch(), 0, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	link.cut()
+	time.Sleep(3 * time.Second) // the lease's last renewal seen is a TTL old
+	worst := time.Duration(0)
+	for i := 0; i < 3; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		began := time.Now()
+		_, err := r.Read(ctx, nil, 1<<20, time.Hour)
+		took := time.Since(began)
+		cancel()
+		t.Logf("Read %d: %v after %v", i, err, took)
+		worst = max(worst, took)
+	}
+	link.mend()
+	if worst > time.Second {
+		t.Errorf("a Read whose context ended after 100ms took %v while NATS was out of reach", worst)
+	}
+}
+
 // cutter relays TCP connections to target; cut resets them all and
 // refuses new ones until mend: this replica loses NATS while NATS, and
 // its lease expiries, go on.

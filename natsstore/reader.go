@@ -127,7 +127,7 @@ func (r *reader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time
 			return buffer.Batch{}, fmt.Errorf("natsstore: reading the stream: %w", err)
 		default:
 		}
-		if r.s.kind == policy.StandaloneStream && r.producerGone() {
+		if r.s.kind == policy.StandaloneStream && r.producerGone(ctx) {
 			return buffer.Batch{}, buffer.ErrProducerGone
 		}
 		if err := r.wait(ctx, idle, changed); err != nil {
@@ -306,8 +306,8 @@ func (r *reader) lost(from, n uint64) error {
 
 // producerGone reports, for the standalone stream, that no producer holds
 // it and the reader has read everything stored.
-func (r *reader) producerGone() bool {
-	if r.st.leased(r.s.key) {
+func (r *reader) producerGone(ctx context.Context) bool {
+	if r.st.leased(ctx, r.s.key) {
 		return false
 	}
 	if w := r.s.currentWriter(); w != nil {

@@ -74,7 +74,7 @@ func (st *Store) sweep(now time.Time) {
 		case rec.State != policy.Live:
 			ended[inc] = append(ended[inc], endedStream{key, rec.Ended})
 		case !st.holds(key) && now.Sub(time.Unix(0, rec.Created)) >= ttl:
-			if !st.leased(key) {
+			if !st.leased(st.ctx, key) {
 				st.failOrphan(key)
 			}
 		}

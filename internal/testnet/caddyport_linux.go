@@ -16,19 +16,33 @@ import (
 // never handed to another process's bind, while Caddy, here or in a child
 // process, still binds it.
 func CaddyPort() (int, error) {
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	// On every address (IPv6 and IPv4 at once where the machine has IPv6),
+	// as Caddy binds `:PORT`: a plain bind of the port on any address fails.
+	port, err := holdPort(syscall.AF_INET6, &syscall.SockaddrInet6{})
+	if err != nil {
+		port, err = holdPort(syscall.AF_INET, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}})
+	}
+	return port, err
+}
+
+func holdPort(family int, addr syscall.Sockaddr) (int, error) {
+	fd, err := syscall.Socket(family, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
 	}
-	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, unix.SO_REUSEPORT, 1); err != nil {
-		syscall.Close(fd)
-		return 0, err
+	if family == syscall.AF_INET6 {
+		err = syscall.SetsockoptInt(fd, syscall.IPPROTO_IPV6, syscall.IPV6_V6ONLY, 0)
 	}
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		syscall.Close(fd)
-		return 0, err
+	if err == nil {
+		err = syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, unix.SO_REUSEPORT, 1)
 	}
-	sa, err := syscall.Getsockname(fd)
+	if err == nil {
+		err = syscall.Bind(fd, addr)
+	}
+	var sa syscall.Sockaddr
+	if err == nil {
+		sa, err = syscall.Getsockname(fd)
+	}
 	if err != nil {
 		syscall.Close(fd)
 		return 0, err
@@ -36,7 +50,13 @@ func CaddyPort() (int, error) {
 	heldMu.Lock()
 	held = append(held, fd) // kept open until the process exits
 	heldMu.Unlock()
-	return sa.(*syscall.SockaddrInet4).Port, nil
+	switch a := sa.(type) {
+	case *syscall.SockaddrInet6:
+		return a.Port, nil
+	case *syscall.SockaddrInet4:
+		return a.Port, nil
+	}
+	return 0, syscall.EAFNOSUPPORT
 }
 
 var (

@@ -18,9 +18,11 @@ func TestCaddyPortIsHeldForCaddy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
-		l.Close()
-		t.Fatalf("a plain listener got held port %d", port)
+	for _, addr := range []string{"127.0.0.1", "[::1]", ""} {
+		if l, err := net.Listen("tcp", fmt.Sprintf("%s:%d", addr, port)); err == nil {
+			l.Close()
+			t.Fatalf("a plain listener on %q got held port %d", addr, port)
+		}
 	}
 	reuse := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
 		var err error
