@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net/http"
@@ -93,6 +92,7 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	defer t.close()
 	defer context.AfterFunc(h.zone.drainCtx, t.cancel)()
 	var existing buffer.Session // adopted meanwhile by another request
+	var attachErr error         // adopted, but this client could not be attached
 	start := func(http.Header) bool {
 		s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
 		if errors.Is(err, buffer.ErrSessionExists) {
@@ -110,13 +110,11 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 		t.stream = stream
 		rd, err := stream.Attach(1)
 		if err != nil {
-			// The session is adopted and its stream fed from this upstream
-			// GET, losing nothing; this client is told now, on a response
-			// complete in itself, and does not reuse a connection whose
-			// handler goes on reading the upstream. Its next GET attaches.
-			w.Header().Set("Connection", "close")
-			h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
-			http.NewResponseController(w).Flush()
+			// The session is adopted; this upstream GET is closed before
+			// a byte of it is read (so nothing taken is lost) and the
+			// client is told at once. Its next GET opens the stream again.
+			attachErr, t.failure = err, err
+			t.cancel()
 			return true
 		}
 		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)
@@ -129,6 +127,8 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	res := t.attemptStandalone(r, w, start, func() bool { return existing != nil })
 	switch {
+	case attachErr != nil:
+		return h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
 	case existing != nil:
 		s := existing
 		rd, err := s.Standalone().Attach(1)
@@ -150,20 +150,15 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 // still holds another GET of the session for a moment (the proxy's own,
 // closing as the session ended here, or another replica's that lost its
 // producer lease), and the client must not get that 409. taken reports
-// that the stream has another producer now: no retry, and the upstream's
-// answer is not the client's. Otherwise what the upstream finally answers
-// goes to out.
+// that the stream has another producer now: no retry. Any other answer
+// goes to out as it comes.
 func (t *upstreamTap) attemptStandalone(r *http.Request, out http.ResponseWriter, start func(http.Header) bool, taken func() bool) attemptResult {
 	for attempt := 1; ; attempt++ {
 		if attempt == conflictAttempts {
 			return t.attempt(t.standaloneRequest(r), out, start, false)
 		}
-		held := &heldResponse{header: http.Header{}}
-		res := t.attempt(t.standaloneRequest(r), held, start, false)
+		res := t.attempt(t.standaloneRequest(r), &unlessConflict{out: out, header: http.Header{}}, start, false)
 		if res.tapped || taken() || res.status != http.StatusConflict {
-			if !res.tapped && !taken() && res.proxied == nil {
-				held.writeTo(out)
-			}
 			return res
 		}
 		if !t.sleep(200 * time.Millisecond) {
@@ -172,40 +167,43 @@ func (t *upstreamTap) attemptStandalone(r *http.Request, out http.ResponseWriter
 	}
 }
 
+// unlessConflict passes a response through to out unless it is a 409,
+// which it drops (the GET is asked again).
+type unlessConflict struct {
+	out             http.ResponseWriter
+	header          http.Header
+	wrote, conflict bool
+}
+
+func (u *unlessConflict) Header() http.Header { return u.header }
+
+func (u *unlessConflict) WriteHeader(status int) {
+	if u.wrote {
+		return
+	}
+	u.wrote = true
+	if u.conflict = status == http.StatusConflict; u.conflict {
+		return
+	}
+	for k, v := range u.header {
+		u.out.Header()[k] = v
+	}
+	u.out.WriteHeader(status)
+}
+
+func (u *unlessConflict) Write(p []byte) (int, error) {
+	u.WriteHeader(http.StatusOK) // if not written yet
+	if u.conflict {
+		return len(p), nil
+	}
+	return u.out.Write(p)
+}
+
+func (u *unlessConflict) Flush() {
+	if !u.conflict {
+		http.NewResponseController(u.out).Flush()
+	}
+}
+
 // conflictAttempts bounds the upstream GETs of attemptStandalone.
 const conflictAttempts = 5
-
-// heldResponse keeps a response that is not an event stream, to hand it to
-// the client only if it is the last word.
-type heldResponse struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (h *heldResponse) Header() http.Header { return h.header }
-func (h *heldResponse) WriteHeader(status int) {
-	if h.status == 0 {
-		h.status = status
-	}
-}
-func (h *heldResponse) Write(p []byte) (int, error) {
-	if h.status == 0 {
-		h.status = http.StatusOK
-	}
-	if h.body.Len() < 64<<10 { // an error body, not a stream
-		h.body.Write(p[:min(len(p), 64<<10-h.body.Len())])
-	}
-	return len(p), nil
-}
-func (h *heldResponse) Flush() {}
-
-func (h *heldResponse) writeTo(w http.ResponseWriter) {
-	for k, v := range h.header {
-		w.Header()[k] = v
-	}
-	if h.status != 0 {
-		w.WriteHeader(h.status)
-	}
-	w.Write(h.body.Bytes())
-}

@@ -679,76 +679,128 @@ func (s standaloneAttachFailsSession) Standalone() buffer.Stream {
 }
 
 // An adopted standalone stream whose client cannot be attached answers
-// that client a complete 503 at once, over a real HTTP connection, whatever
-// the upstream's GET does (a comment, nothing, a notification later), and
-// the stream goes on being fed: nothing the upstream sends is lost. (It
-// once went on following the upstream with the 503 unflushed: the client
-// got nothing until the session ended; then dropped the upstream GET at its
-// first write, losing a notification.)
+// that client a complete 503 at once, over HTTP/1.1 and HTTP/2, whatever
+// the upstream's GET does (a comment, nothing, a notification later): the
+// GET is closed before the proxy reads a byte of it, so nothing it took is
+// lost, and the handler returns. (It once went on following the upstream
+// with the 503 unflushed: the client got nothing until the session ended;
+// then dropped the GET at its first write, losing what it had read; then
+// kept following it, which never ends an HTTP/2 response.)
 func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
 	notification := "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n\n"
 	for _, tc := range []struct {
-		name     string
-		step     func(http.ResponseWriter, *http.Request) error
-		retained uint64
+		name string
+		step func(http.ResponseWriter, *http.Request) error
 	}{
-		{"a comment", sseStep("hang", ": hello\n\n"), 0},
-		{"nothing", sseStep("hang"), 0},
+		{"a comment", sseStep("hang", ": hello\n\n")},
+		{"nothing", sseStep("hang")},
 		{"a notification later", func(w http.ResponseWriter, r *http.Request) error {
 			w.Header().Set("Content-Type", "text/event-stream")
 			w.WriteHeader(http.StatusOK)
 			http.NewResponseController(w).Flush()
 			time.Sleep(300 * time.Millisecond)
 			return sseStep("hang", notification)(discardHeaders{w}, r)
-		}, 1},
+		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := testHandler(t)
-			s := newSession(t, h, "2025-11-25")
-			cursor := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 3)
-			// The proxy "restarted": a new store with the same key holds
-			// nothing, and its standalone streams cannot attach a client.
-			fresh := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
-			t.Cleanup(fresh.Close)
-			h.zone.store = standaloneAttachFails{fresh}
-			up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{tc.step}}
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if err := h.ServeHTTP(w, r, up); err != nil {
-					t.Logf("ServeHTTP: %v", err)
+		for _, h2 := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, HTTP/2 %v", tc.name, h2), func(t *testing.T) {
+				h := testHandler(t)
+				s := newSession(t, h, "2025-11-25")
+				cursor := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 3)
+				// The proxy "restarted": a new store with the same key holds
+				// nothing, and its standalone streams cannot attach a client.
+				fresh := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
+				t.Cleanup(fresh.Close)
+				h.zone.store = standaloneAttachFails{fresh}
+				up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{tc.step}}
+				srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if err := h.ServeHTTP(w, r, up); err != nil {
+						t.Logf("ServeHTTP: %v", err)
+					}
+				}))
+				if h2 {
+					srv.EnableHTTP2 = true
+					srv.StartTLS()
+				} else {
+					srv.Start()
 				}
-			}))
-			defer func() { h.zone.stop(); srv.Close() }()
+				defer func() { h.zone.stop(); srv.Close() }()
 
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
-			req.Header.Set("Accept", "text/event-stream")
-			req.Header.Set(hdrSessionID, "sess-1")
-			req.Header.Set(hdrVersion, "2025-11-25")
-			req.Header.Set(hdrLastEventID, string(cursor))
-			req.Header.Set("Authorization", "Bearer x")
-			began := time.Now()
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatalf("after %v the client has no response: %v", time.Since(began), err)
-			}
-			body, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != http.StatusServiceUnavailable || err != nil || time.Since(began) > 2*time.Second {
-				t.Fatalf("the client got %d %q and %v after %v, want a complete 503 at once", resp.StatusCode, body, err, time.Since(began))
-			}
-			sess, ok := fresh.Session("sess-1")
-			if !ok {
-				t.Fatal("the session was not adopted")
-			}
-			deadline := time.Now().Add(3 * time.Second)
-			for sess.Standalone().View().Head < tc.retained && time.Now().Before(deadline) {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if v := sess.Standalone().View(); v.Head != tc.retained || v.State != policy.Live {
-				t.Fatalf("the adopted standalone stream: head %d, %v; want %d events retained, live", v.Head, v.State, tc.retained)
-			}
-		})
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
+				req.Header.Set("Accept", "text/event-stream")
+				req.Header.Set(hdrSessionID, "sess-1")
+				req.Header.Set(hdrVersion, "2025-11-25")
+				req.Header.Set(hdrLastEventID, string(cursor))
+				req.Header.Set("Authorization", "Bearer x")
+				began := time.Now()
+				resp, err := srv.Client().Do(req)
+				if err != nil {
+					t.Fatalf("after %v the client has no response: %v", time.Since(began), err)
+				}
+				body, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusServiceUnavailable || err != nil || time.Since(began) > 2*time.Second {
+					t.Fatalf("the client got %d %q and %v after %v, want a complete 503 at once", resp.StatusCode, body, err, time.Since(began))
+				}
+				if h2 && resp.ProtoMajor != 2 {
+					t.Fatalf("the client spoke %s", resp.Proto)
+				}
+				sess, ok := fresh.Session("sess-1")
+				if !ok {
+					t.Fatal("the session was not adopted")
+				}
+				time.Sleep(400 * time.Millisecond) // past the notification's time
+				if v := sess.Standalone().View(); v.Head != 0 || v.State != policy.Live {
+					t.Fatalf("the adopted standalone stream: head %d, %v; want nothing taken, live", v.Head, v.State)
+				}
+				if !sess.Standalone().ClaimProducer() {
+					t.Fatal("the adopted standalone stream's producer role was kept")
+				}
+			})
+		}
+	}
+}
+
+// A standalone GET whose upstream answers a 200 the proxy cannot tap (a
+// compressed stream) reaches the client as it comes, not held back while
+// the GET might still be asked again for a 409.
+func TestStandaloneUntappableAnswerPassesAtOnce(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		func(w http.ResponseWriter, r *http.Request) error {
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			io.WriteString(w, ": hello\n\n")
+			http.NewResponseController(w).Flush() // as reverse_proxy flushes SSE
+			<-r.Context().Done()
+			panic(http.ErrAbortHandler)
+		},
+	}}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h.ServeHTTP(w, r, up); err != nil {
+			t.Logf("ServeHTTP: %v", err)
+		}
+	}))
+	defer func() { h.zone.stop(); srv.Close() }()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set(hdrSessionID, "sess-1")
+	req.Header.Set(hdrVersion, "2025-11-25")
+	req.Header.Set("Authorization", "Bearer x")
+	resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
+	if err != nil {
+		t.Fatalf("no response headers: %v", err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 9)
+	if n, err := io.ReadFull(resp.Body, buf); resp.StatusCode != 200 || resp.Header.Get("Content-Encoding") != "gzip" || err != nil {
+		t.Fatalf("the client got %d %v, %q %v", resp.StatusCode, resp.Header, buf[:n], err)
 	}
 }
 

@@ -123,6 +123,47 @@ func TestAReadIsNotHeldByALeaseCheckWhileCut(t *testing.T) {
 	}
 }
 
+// A produces a request stream and is cut off longer than the lease TTL
+// and its marker; B's sweeper fails the stream meanwhile. Back, A's
+// renewal takes the lease again (its producer is still there), its pending
+// publish conflicts with B's end, and the producer completes and lets go:
+// the lease must go too, not be renewed for a stream nobody produces.
+func TestALeaseTakenAgainGoesWithItsStream(t *testing.T) {
+	ns := testnet.NATS(t)
+	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	mod := func(o *Options) { o.LeaseTTL = 2 * time.Second }
+	b := openAt(t, []string{ns.ClientURL()}, mod)
+	a := openAt(t, []string{"nats://" + link.addr()}, mod)
+	sa, err := a.CreateSession("leak", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, err := sa.NewStream([]string{"1"}, [32]byte{9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str.ClaimProducer()
+	key := str.(*stream).key
+	link.cut()
+	go str.Append(context.Background(), []byte("data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"), []string{"1"})
+	sb := sessionOn(t, b, "leak")
+	waitUntil(t, "B's sweeper to fail the stream", 40*time.Second, func() bool {
+		s2, ok := sb.Stream(str.Num())
+		return ok && s2.View().State == policy.Failed
+	})
+	link.mend()
+	time.Sleep(3 * time.Second) // A reconnects, renews (reacquires), its publish conflicts
+	t.Logf("after mend: A holds %v, KV leased %v", a.holds(key), b.leased(context.Background(), key))
+	str.Complete()
+	str.ReleaseProducer()
+	time.Sleep(4 * time.Second) // two TTLs
+	holds, leased := a.holds(key), b.leased(context.Background(), key)
+	t.Logf("after the producer let go: A holds %v, KV leased %v, state %v", holds, leased, str.View().State)
+	if holds || leased {
+		t.Errorf("the lease of a failed stream nobody produces is still renewed")
+	}
+}
+
 // cutter relays TCP connections to target; cut resets them all and
 // refuses new ones until mend: this replica loses NATS while NATS, and
 // its lease expiries, go on.

@@ -413,7 +413,15 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 	w.mu.Lock()
 	rec, ok := s.record()
 	if w.usableLocked() != nil || !ok || rec.State != policy.Live {
+		// Nothing more comes from here (unless another finish is under
+		// way): the lease goes, and if the stream is unended the sweeper
+		// ends it. A lease kept would be renewed for a stream no one
+		// produces.
+		over := w.err != nil || w.stopErr != nil || !ok || rec.State != policy.Live
 		w.mu.Unlock()
+		if over {
+			st.release(s.key)
+		}
 		return false
 	}
 	for _, sig := range signals {
