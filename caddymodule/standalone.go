@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"maps"
 	"net/http"
 	"time"
 
@@ -179,6 +180,17 @@ func (u *unlessConflict) Header() http.Header { return u.header }
 
 func (u *unlessConflict) WriteHeader(status int) {
 	if u.wrote {
+		return
+	}
+	if status < http.StatusOK {
+		// Informational (103 Early Hints): on to the client with its own
+		// headers only, as reverse_proxy sends it; the answer is to come.
+		h := u.out.Header()
+		own := h.Clone()
+		maps.Copy(h, u.header)
+		u.out.WriteHeader(status)
+		clear(h)
+		maps.Copy(h, own)
 		return
 	}
 	u.wrote = true

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -808,3 +809,79 @@ func TestStandaloneUntappableAnswerPassesAtOnce(t *testing.T) {
 type discardHeaders struct{ http.ResponseWriter }
 
 func (discardHeaders) WriteHeader(int) {}
+
+// earlyHints writes a 103 the way reverse_proxy's Got1xxResponse does, then
+// the final answer.
+func earlyHints(final func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		h := w.Header()
+		own := h.Clone()
+		h.Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		clear(h)
+		maps.Copy(h, own)
+		return final(w, r)
+	}
+}
+
+// standaloneGet opens the session's standalone stream over real HTTP and
+// returns what came within about a second.
+func standaloneGet(t *testing.T, h *Handler, up *upstream) (*http.Response, string) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := h.ServeHTTP(w, r, up); err != nil {
+			t.Logf("ServeHTTP: %v", err)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { h.zone.stop() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	req.Header.Set(hdrSessionID, "sess-1")
+	req.Header.Set(hdrVersion, "2025-11-25")
+	req.Header.Set("Authorization", "Bearer x")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	n, _ := io.ReadAtLeast(resp.Body, buf, 1)
+	time.Sleep(700 * time.Millisecond)
+	m, _ := resp.Body.Read(buf[n:])
+	resp.Body.Close()
+	return resp, string(buf[:n+m])
+}
+
+// An upstream 103 before its answer to a standalone GET passes to the
+// client, and the answer after it decides as ever: a 404 ends the session
+// (it reached the client as a 200 once, the session kept).
+func TestEarlyHintsThen404EndsTheSession(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{earlyHints(statusStep(404))}}
+	resp, body := standaloneGet(t, h, up)
+	t.Logf("client got %d %v %q", resp.StatusCode, resp.Header, body)
+	if _, ok := h.zone.store.Session("sess-1"); ok {
+		t.Errorf("session still held after upstream 404")
+	}
+	if resp.StatusCode != 404 {
+		t.Errorf("client got %d, want the upstream's 404", resp.StatusCode)
+	}
+}
+
+// A 409 after a 103 is asked again like any 409: the client gets a clean
+// event stream (it once got the 409's body merged with the retry's stream).
+func TestEarlyHintsThen409IsAskedAgain(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		earlyHints(statusStep(409)),
+		sseStep("hang", "id: _1\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{}}\n\n"),
+	}}
+	resp, body := standaloneGet(t, h, up)
+	t.Logf("client got %d %v %q", resp.StatusCode, resp.Header, body)
+	if resp.Header.Get("Content-Type") != "text/event-stream" || len(body) < 8 || body[:8] == "Conflict" {
+		t.Errorf("client did not get a clean event stream")
+	}
+}

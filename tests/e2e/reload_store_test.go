@@ -29,9 +29,7 @@ func TestReloadSpellingOutTheStoreKeepsCalls(t *testing.T) {
 // the same shared store in the background, so a call in flight still ends
 // with every event and its result.
 func TestReloadChangingTheSharedStoreDrainsCalls(t *testing.T) {
-	if !harness.SharedStore() {
-		t.Skip("memory-store leg: the memory store has no options, so no reload can move it to another store; the JetStream leg of this suite runs this test")
-	}
+	harness.SharedStoreOnly(t, "the memory store has no options, so no reload can move it to another store")
 	reloadDuringCall(t, "store nats {\n embedded {env.MCPR_TEST_STORE_DIR}\n lease_ttl 45s\n }")
 }
 

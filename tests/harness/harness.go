@@ -78,6 +78,15 @@ func MemoryStoreOnly(t testing.TB, why string) {
 	}
 }
 
+// SharedStoreOnly skips a test in the memory-store leg of a suite, saying
+// why; the JetStream leg runs it.
+func SharedStoreOnly(t testing.TB, why string) {
+	t.Helper()
+	if !SharedStore() {
+		t.Skip("JetStream store only (its leg of this suite runs it): " + why)
+	}
+}
+
 // storeDirEnv names the embedded JetStream directory of the Caddy being
 // started: a new one per StartCaddy, the same across its reloads.
 const storeDirEnv = "MCPR_TEST_STORE_DIR"
