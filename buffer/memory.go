@@ -277,8 +277,9 @@ func (st *MemoryStore) Delete(id string, reason policy.Reason) bool {
 		st.countLocked(s.Meta().Origin, -1)
 		// Until the full tombstone below: a request in between must find
 		// the session ended, never unknown (adopted under any credential).
-		provisional = &Tombstone{Past: Past{Epoch: s.epoch, Reason: reason}, Fingerprint: s.meta.Fingerprint,
-			BindHeaders: s.meta.BindHeaders, Version: s.meta.Version, Ended: st.now()}
+		m := s.Meta()
+		provisional = &Tombstone{Past: Past{Epoch: s.epoch, Reason: reason}, Fingerprint: m.Fingerprint,
+			Bind: m.Bind, Credential: m.Credential, Version: m.Version, Ended: st.now()}
 		if _, remembered := st.tombs[id]; !remembered {
 			st.tombs[id] = provisional
 		} else {
@@ -297,8 +298,9 @@ func (st *MemoryStore) Delete(id string, reason policy.Reason) bool {
 		earlier = earlier[:maxPast-1]
 	}
 	now := st.now()
-	t := &Tombstone{Past: p, Fingerprint: s.meta.Fingerprint, BindHeaders: s.meta.BindHeaders,
-		Version: s.meta.Version, Ended: now, Earlier: earlier}
+	m := s.Meta()
+	t := &Tombstone{Past: p, Fingerprint: m.Fingerprint, Bind: m.Bind, Credential: m.Credential,
+		Version: m.Version, Ended: now, Earlier: earlier}
 	st.mu.Lock()
 	if _, again := st.sessions[id]; !again {
 		st.tombs[id] = t

@@ -33,9 +33,10 @@ type memSession struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 
-	adopted    atomic.Bool  // policy.Adopted until a resume confirms it
-	lastActive atomic.Int64 // unix nanos
-	connected  atomic.Int32 // attached readers
+	adopted    atomic.Bool                // policy.Adopted until a resume confirms it
+	lastActive atomic.Int64               // unix nanos
+	connected  atomic.Int32               // attached readers
+	cred       atomic.Pointer[Credential] // meta.Credential as Rebind left it; nil: as created
 
 	bytes int64 // capacity held by its logs, guarded by store.budget.mu
 
@@ -58,10 +59,21 @@ func (s *memSession) Touch()                   { s.lastActive.Store(s.store.now(
 
 func (s *memSession) Meta() SessionMeta {
 	m := s.meta
+	if c := s.cred.Load(); c != nil {
+		m.Credential = *c
+	}
 	if m.Origin == policy.Adopted && !s.adopted.Load() {
 		m.Origin = policy.Resumed
 	}
 	return m
+}
+
+func (s *memSession) Rebind(c Credential) error {
+	if s.ctx.Err() != nil {
+		return ErrSessionGone
+	}
+	s.cred.Store(&c)
+	return nil
 }
 
 func (s *memSession) Past(epoch string) (Past, bool) {

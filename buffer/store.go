@@ -63,12 +63,26 @@ type Limits struct {
 	SessionIdleTimeout   time.Duration // a session with no client this long expires
 }
 
-// SessionMeta is fixed when a session is created.
+// SessionMeta is what a session is bound with when it is created. All of it
+// is fixed for the session's life but Credential, which Rebind replaces when
+// the upstream vouches for a refreshed token.
 type SessionMeta struct {
-	Version     string   // negotiated MCP protocol version
-	Fingerprint [32]byte // keyed hash of the bound credential headers
-	BindHeaders []string // the headers Fingerprint covers, as configured when the session began
-	Origin      policy.SessionOrigin
+	Version string // negotiated MCP protocol version
+	// Fingerprint is a keyed hash of the bound identity: the values of the
+	// Bind entries that are request headers or Caddy placeholders.
+	Fingerprint [32]byte
+	// Bind is the binding as configured when the session began: header
+	// names, placeholders, and "bearer" for Credential.
+	Bind       []string
+	Credential Credential
+	Origin     policy.SessionOrigin
+}
+
+// Credential is a session's bearer binding: keyed hashes of the token and of
+// the principal it names, never the token.
+type Credential struct {
+	Hash      [32]byte // of the Authorization header's values; zero when none was sent
+	Principal policy.Principal
 }
 
 // Past is what is remembered of an incarnation of a session that ended here,
@@ -88,7 +102,8 @@ type Past struct {
 type Tombstone struct {
 	Past
 	Fingerprint [32]byte
-	BindHeaders []string
+	Bind        []string
+	Credential  Credential
 	Version     string
 	Ended       time.Time
 	Earlier     []Past // incarnations before the last, newest first
@@ -164,6 +179,9 @@ type Session interface {
 	Confirm()
 	// Touch records client activity, which defers idle expiry.
 	Touch()
+	// Rebind binds the session to a refreshed credential the upstream has
+	// accepted for it (policy.DecideRebind), on every replica.
+	Rebind(Credential) error
 	Info() SessionInfo
 }
 

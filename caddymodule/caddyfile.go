@@ -38,6 +38,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	    stall_timeout           <duration>
 //	    session_idle_timeout    <duration>
 //	    keepalive               <duration>
+//	    bind                    <placeholder...> | bearer
+//	    rebind                  subject | upstream | off
 //	    bind_headers            <header...>
 //	    zone                    <name>
 //	    store                   memory | nats { ... }
@@ -94,6 +96,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(h.BindHeaders) == 0 {
 				return d.Errf("bind_headers: expected one or more header names")
 			}
+		case "bind":
+			h.Bind = d.RemainingArgs()
+			if len(h.Bind) == 0 {
+				return d.Errf("bind: expected placeholders (e.g. bind {http.auth.user.id}) or bearer")
+			}
+		case "rebind":
+			if !d.AllArgs(&h.Rebind) {
+				return d.Errf("rebind: expected one of subject, upstream, off")
+			}
 		case "zone":
 			if !d.AllArgs(&h.Zone) {
 				return d.Errf("zone: expected one name, e.g. zone site_a")
@@ -112,7 +123,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized mcp_resume subdirective %q", name)
 		}
-		if d.NextArg() && name != "bind_headers" {
+		if d.NextArg() && name != "bind_headers" && name != "bind" {
 			return d.Errf("%s: too many arguments", name)
 		}
 	}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 func TestUnmarshalCaddyfile(t *testing.T) {
@@ -55,6 +57,9 @@ func TestCaddyfileErrorsNameTheSubdirective(t *testing.T) {
 		"mcp_resume {\n max_sessions -1\n}":       "max_sessions",
 		"mcp_resume {\n keepalive 1s 2s\n}":       "keepalive",
 		"mcp_resume {\n bind_headers\n}":          "bind_headers",
+		"mcp_resume {\n bind\n}":                  "bind",
+		"mcp_resume {\n rebind\n}":                "rebind",
+		"mcp_resume {\n rebind a b\n}":            "rebind",
 		"mcp_resume {\n replay_everything yes\n}": "replay_everything",
 		"mcp_resume extra":                        "wrong argument count",
 	} {
@@ -66,13 +71,43 @@ func TestCaddyfileErrorsNameTheSubdirective(t *testing.T) {
 	}
 }
 
+// What the Caddyfile lets through but the configuration cannot mean fails
+// validation, naming the subdirective.
+func TestBindingValidation(t *testing.T) {
+	for _, c := range []struct {
+		h    Handler
+		want string
+	}{
+		{Handler{Bind: []string{"{http.auth.user.id}"}, BindHeaders: []string{"X-User"}}, "bind and bind_headers"},
+		{Handler{Bind: []string{"user"}}, `bind: "user" is neither a placeholder`},
+		{Handler{Bind: []string{}}, "bind: expected"},
+		{Handler{BindHeaders: []string{"{http.auth.user.id}"}}, "bind_headers: "},
+		{Handler{Rebind: "sometimes"}, `rebind: "sometimes"`},
+	} {
+		c.h.setDefaults()
+		if err := c.h.Validate(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error mentioning %q", c.h.Bind, err, c.want)
+		}
+	}
+	for _, h := range []Handler{
+		{Bind: []string{"{http.auth.user.id}", "bearer"}, Rebind: "upstream"},
+		{Bind: []string{"tenant-{http.request.header.X-Tenant}"}, Rebind: "off"},
+		{BindHeaders: []string{"X-Api-Key"}},
+	} {
+		h.setDefaults()
+		if err := h.Validate(); err != nil {
+			t.Errorf("%+v: %v", h.Bind, err)
+		}
+	}
+}
+
 func TestDefaultsAreValid(t *testing.T) {
 	var h Handler
 	h.setDefaults()
 	if err := h.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if h.MaxEventBytes != DefaultMaxEventBytes || len(h.BindHeaders) != 1 {
+	if h.MaxEventBytes != DefaultMaxEventBytes || strings.Join(h.binding(), ",") != "bearer" || h.rebindMode() != policy.RebindSubject {
 		t.Fatalf("defaults: %+v", h)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 // Defaults, chosen so ordinary MCP traffic (small progress notifications,
@@ -63,8 +64,8 @@ func (h *Handler) setDefaults() {
 	if h.MaxStreamsPerSession == 0 {
 		h.MaxStreamsPerSession = DefaultMaxStreamsPerSession
 	}
-	if h.BindHeaders == nil {
-		h.BindHeaders = []string{"Authorization"}
+	if h.Bind == nil && h.BindHeaders == nil {
+		h.Bind = []string{bindBearer}
 	}
 	if h.Zone == "" {
 		h.Zone = DefaultZone
@@ -107,10 +108,24 @@ func (h *Handler) Validate() error {
 	case time.Duration(h.Keepalive) >= time.Minute:
 		return fmt.Errorf("mcp_resume: keepalive (%s) must be under 1m: load balancers and proxies commonly cut connections idle for 60s", time.Duration(h.Keepalive))
 	}
+	if h.Bind != nil && h.BindHeaders != nil {
+		return fmt.Errorf("mcp_resume: bind and bind_headers: use one (bind_headers X is bind {http.request.header.X})")
+	}
+	if h.Bind != nil && len(h.Bind) == 0 {
+		return fmt.Errorf("mcp_resume: bind: expected placeholders (e.g. {http.auth.user.id}) or bearer")
+	}
+	for _, v := range h.Bind {
+		if v != bindBearer && !strings.Contains(v, "{") {
+			return fmt.Errorf("mcp_resume: bind: %q is neither a placeholder (e.g. {http.auth.user.id}, {http.request.header.X-User}) nor bearer", v)
+		}
+	}
 	for _, name := range h.BindHeaders {
-		if name == "" || strings.ContainsAny(name, " :\r\n") {
+		if name == "" || strings.ContainsAny(name, " :{}\r\n") || name == bindBearer {
 			return fmt.Errorf("mcp_resume: bind_headers: %q is not a header name", name)
 		}
+	}
+	if _, ok := policy.RebindModes[h.Rebind]; !ok && h.Rebind != "" {
+		return fmt.Errorf("mcp_resume: rebind: %q is not one of subject, upstream, off", h.Rebind)
 	}
 	if !zoneNameRE.MatchString(h.Zone) {
 		return fmt.Errorf("mcp_resume: zone: %q must be a plain name: 1 to 26 letters, digits, '_' or '-'", h.Zone)

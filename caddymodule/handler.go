@@ -14,8 +14,6 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -26,7 +24,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
@@ -88,10 +85,30 @@ type Handler struct {
 	// Interval of SSE keep-alive comments on idle streams. Default: 15s.
 	Keepalive caddy.Duration `json:"keepalive,omitempty"`
 
-	// Request headers whose values bind a session at initialize; a later
-	// request or resume with different values gets 403. Only a keyed hash is
-	// kept, with the header list itself: changing bind_headers on reload
-	// applies to new sessions. Default: ["Authorization"].
+	// What a session is bound to at initialize: Caddy placeholders whose
+	// values must stay the same for the session's life (the identity an
+	// authentication handler before this one verified, e.g.
+	// "{http.auth.user.id}"; a request with other values gets 403), and
+	// "bearer": the Authorization header, which may change (OAuth clients
+	// refresh their tokens) when the upstream accepts the new one for the
+	// session (see rebind). Only keyed hashes are kept, with the list
+	// itself: changing bind on reload applies to new sessions.
+	// Default: ["bearer"].
+	Bind []string `json:"bind,omitempty"`
+
+	// How a changed bearer credential may take its session over: "subject"
+	// (the upstream accepts it and it is a JWT naming the same issuer and
+	// subject as the bound one; the default), "upstream" (the upstream
+	// accepts it, for opaque tokens in front of an upstream that binds its
+	// sessions to their user itself; JWTs naming another subject are still
+	// refused) or "off" (a changed credential gets 403).
+	Rebind string `json:"rebind,omitempty"`
+
+	// Request headers whose values must stay the same for the session's
+	// life, the form of bind before placeholders: bind_headers X-Api-Key is
+	// bind {http.request.header.X-Api-Key}. Not with bind. A header listed
+	// here is never vouched for by the upstream: bind_headers Authorization
+	// locks out clients whose tokens rotate.
 	BindHeaders []string `json:"bind_headers,omitempty"`
 
 	// The retention store this handler uses. Handlers in one zone share
@@ -182,15 +199,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.refuse(w, "", "connecting", "the retention store is not connected; retry later", 5)
 	}
 	// Any request naming a session the proxy holds (or remembers) must carry
-	// its credentials, whatever its method, version, content type or body:
-	// checked first, so no path around it exists.
-	if !policy.Authorize(h.access(r, sid)) {
+	// its identity, whatever its method, version, content type or body, and
+	// a credential the upstream accepts for it: checked first, so no path
+	// around it exists.
+	switch a, b := h.access(r, sid); policy.Authorize(a) {
+	case policy.Deny:
 		credentialRejections.Inc()
 		lastID := r.Header.Get(hdrLastEventID)
 		if r.Method == http.MethodGet && lastID != "" {
 			resumes.WithLabelValues(policy.Reject.String()).Inc()
 		}
 		return h.reject(w, sid, lastID, http.StatusForbidden, "credentials differ from the session's")
+	case policy.Vouch:
+		if goOn, err := h.vouch(w, r, next, sid, a, b); !goOn {
+			return err
+		}
 	}
 	switch r.Method {
 	case http.MethodPost:
@@ -203,52 +226,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.serveDelete(w, r, next, sid)
 	}
 	return next.ServeHTTP(w, r)
-}
-
-// access is what the proxy knows of the session a request names, for
-// policy.Authorize.
-func (h *Handler) access(r *http.Request, sid string) policy.Access {
-	a := policy.Access{Named: sid != ""}
-	if !a.Named {
-		return a
-	}
-	if sess, ok := h.zone.store.Session(sid); ok {
-		m := sess.Meta()
-		a.Remembered, a.CredentialsMatch = true, h.credentialsMatch(r, m.BindHeaders, m.Fingerprint)
-	} else if tomb, ok := h.zone.store.Tombstone(sid); ok {
-		a.Remembered, a.CredentialsMatch = true, h.credentialsMatch(r, tomb.BindHeaders, tomb.Fingerprint)
-	}
-	return a
-}
-
-// fingerprint is the keyed hash of the bound headers' values; the raw
-// values are never kept. headers is the list the session was bound with.
-func (h *Handler) fingerprint(r *http.Request, headers []string) [32]byte {
-	mac := hmac.New(sha256.New, h.zone.store.Key())
-	for _, name := range headers {
-		for _, v := range r.Header.Values(name) {
-			mac.Write([]byte(name))
-			mac.Write([]byte{0})
-			mac.Write([]byte(v))
-			mac.Write([]byte{0})
-		}
-		mac.Write([]byte{1})
-	}
-	var fp [32]byte
-	mac.Sum(fp[:0])
-	return fp
-}
-
-func (h *Handler) credentialsMatch(r *http.Request, headers []string, want [32]byte) bool {
-	got := h.fingerprint(r, headers)
-	return hmac.Equal(got[:], want[:])
-}
-
-// sessionMeta is what a new session is bound with: the request's
-// credentials under this handler's bind_headers.
-func (h *Handler) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
-	return buffer.SessionMeta{Version: version, Fingerprint: h.fingerprint(r, h.BindHeaders),
-		BindHeaders: append([]string(nil), h.BindHeaders...), Origin: origin}
 }
 
 // reject answers a request the proxy refuses, with a JSON-RPC error body.

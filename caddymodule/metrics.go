@@ -43,7 +43,9 @@ var (
 		Buckets: prometheus.ExponentialBuckets(0.0001, 4, 10),
 	}, []string{"zone"})
 	credentialRejections = newCounter("credential_rejections_total",
-		"Requests refused with 403 because their bind_headers differ from the session's.")
+		"Requests refused with 403 because their credentials are not the session's: another identity, another principal, or a changed credential the proxy cannot tell is the same principal's.")
+	credentialChecks = newCounterVec("credential_checks_total",
+		"Requests whose credential the upstream was asked to vouch for (a changed bearer token, or any on a request answered from a log), by outcome: accepted (the bound credential, accepted again), rebound, refused_upstream, refused_principal, refused_unverifiable, passed_untapped, session_lost, unverified.", "outcome")
 	retriesServed = newCounter("repeated_requests_total",
 		"Repeated requests (same session, ids and body) answered from the retained stream instead of running again.")
 	replayed = newCounter("replayed_events_total",
@@ -166,7 +168,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, upstreamReconnects, untapped, replayed,
-		retriesServed, credentialRejections, storeRefusals, storeErrors, storePublish, stallSeconds, storeCollector{}} {
+		retriesServed, credentialRejections, credentialChecks, storeRefusals, storeErrors, storePublish, stallSeconds, storeCollector{}} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

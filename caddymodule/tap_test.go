@@ -132,8 +132,7 @@ func testHandler(t testing.TB) *Handler {
 
 func newSession(t testing.TB, h *Handler, version string) buffer.Session {
 	t.Helper()
-	s, err := h.zone.store.CreateSession("sess-1", buffer.SessionMeta{Version: version, BindHeaders: h.BindHeaders,
-		Fingerprint: h.fingerprint(post("0"), h.BindHeaders)})
+	s, err := h.zone.store.CreateSession("sess-1", h.sessionMeta(post("0"), version, policy.Initialized))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func TestRestartKeepsTheZone(t *testing.T) {
 	dir := t.TempDir()
 	st := openEmbedded(t, testLimits(), func(o *Options) { o.Dir = dir })
 	key := append([]byte(nil), st.Key()...)
-	s, _ := st.CreateSession("kept", buffer.SessionMeta{Version: "2025-11-25", BindHeaders: []string{"Authorization"}})
+	s, _ := st.CreateSession("kept", buffer.SessionMeta{Version: "2025-11-25", Bind: []string{"Authorization"}})
 	str, _ := s.NewStream([]string{"7"}, [32]byte{7})
 	appendEvents(t, str, 1, 5)
 	str.Complete()

@@ -21,7 +21,9 @@ type sessionRecord struct {
 	Epoch       string               `json:"epoch"`
 	Version     string               `json:"version,omitempty"`
 	Fingerprint []byte               `json:"fp,omitempty"`
-	BindHeaders []string             `json:"bind,omitempty"`
+	Bind        []string             `json:"bind,omitempty"`
+	Credential  []byte               `json:"cred,omitempty"` // the bearer binding's token hash
+	Principal   []byte               `json:"prn,omitempty"`  // and its principal's, when known
 	Origin      policy.SessionOrigin `json:"origin"`
 	Confirmed   bool                 `json:"confirmed,omitempty"` // an Adopted session a resume has proved
 	Created     int64                `json:"created"`             // unix nanos
@@ -39,9 +41,22 @@ func (r *sessionRecord) origin() policy.SessionOrigin {
 }
 
 func (r *sessionRecord) meta() buffer.SessionMeta {
-	m := buffer.SessionMeta{Version: r.Version, BindHeaders: r.BindHeaders, Origin: r.origin()}
+	m := buffer.SessionMeta{Version: r.Version, Bind: r.Bind, Origin: r.origin()}
 	copy(m.Fingerprint[:], r.Fingerprint)
+	copy(m.Credential.Hash[:], r.Credential)
+	m.Credential.Principal.Known = copy(m.Credential.Principal.Hash[:], r.Principal) > 0
 	return m
+}
+
+// setCredential records a bearer binding in the record.
+func (r *sessionRecord) setCredential(c buffer.Credential) {
+	r.Credential, r.Principal = nil, nil
+	if c.Hash != ([32]byte{}) {
+		r.Credential = append([]byte(nil), c.Hash[:]...)
+	}
+	if c.Principal.Known {
+		r.Principal = append([]byte(nil), c.Principal.Hash[:]...)
+	}
 }
 
 // streamRecord is one stream (KV <P>_STREAMS, key <sh>.<epoch>.<num>). Its

@@ -236,6 +236,27 @@ func (s *session) Confirm() {
 	s.st.fault("confirm", err)
 }
 
+// Rebind implements buffer.Session: the record every replica mirrors
+// carries the new binding.
+func (s *session) Rebind(c buffer.Credential) error {
+	ctx, cancel := s.st.opCtx()
+	defer cancel()
+	_, err := s.st.sessions.update(ctx, s.sh, func(r *sessionRecord) error {
+		if r.Epoch != s.epoch {
+			return errNotFound
+		}
+		r.setCredential(c)
+		return nil
+	})
+	switch {
+	case errors.Is(err, errNotFound):
+		return buffer.ErrSessionGone
+	case err != nil:
+		s.st.fault("rebind", err)
+	}
+	return err
+}
+
 // Touch implements buffer.Session. It writes at most once per tenth of the
 // idle timeout; the sweeper allows for that before it expires a session,
 // so a session never expires early.

@@ -81,7 +81,7 @@ func FuzzDecideResume(f *testing.F) {
 		if answered > head {
 			answered = head
 		}
-		access := Access{Named: hdr, Remembered: known || remembered, CredentialsMatch: credOK}
+		access := Access{Named: hdr, Remembered: known || remembered, IdentityMatch: credOK, Kind: ReadsLog}
 		in := ResumeInput{
 			SessionHeader: hdr,
 			Session:       SessionView{Known: known, Epoch: sessEpoch, NextStream: nextStream},
@@ -100,7 +100,7 @@ func FuzzDecideResume(f *testing.F) {
 				in.Past.Stream = &StreamView{Head: head, Requests: []RequestView{{ID: "1", AnsweredAt: answered}}}
 			}
 		}
-		if !Authorize(access) {
+		if Authorize(access) != Allow {
 			if !hdr || !access.Remembered || credOK {
 				t.Fatalf("Authorize refused %+v", access)
 			}

@@ -53,23 +53,6 @@ func (k StreamKind) String() string {
 	return [...]string{"request", "standalone"}[k]
 }
 
-// ---- access --------------------------------------------------------------
-
-// Access is what the proxy knows of the session a request names.
-type Access struct {
-	Named            bool // the request carries Mcp-Session-Id
-	Remembered       bool // the proxy holds that session, or remembers it ended here
-	CredentialsMatch bool // the request's bind_headers values are the session's
-}
-
-// Authorize decides whether a request may go on: one naming a session the
-// proxy holds or remembers must carry that session's credentials, whatever
-// its method, version, content type or body, so no path around the binding
-// exists. Anything else is the upstream's to judge. Refused requests get 403.
-func Authorize(a Access) bool {
-	return !a.Named || !a.Remembered || a.CredentialsMatch
-}
-
 // ---- admission -------------------------------------------------------------
 
 // SessionOrigin is how the proxy came to hold a session.

@@ -107,23 +107,6 @@ func TestReserveProtectsConnectedClients(t *testing.T) {
 	}
 }
 
-func TestAuthorize(t *testing.T) {
-	for _, c := range []struct {
-		a    Access
-		want bool
-	}{
-		{Access{}, true},
-		{Access{Named: true}, true}, // a session the proxy knows nothing of: the upstream judges
-		{Access{Named: true, Remembered: true, CredentialsMatch: true}, true}, // its owner
-		{Access{Named: true, Remembered: true}, false},                        // someone else: 403
-		{Access{Remembered: true}, true},                                      // not named: nothing to check
-	} {
-		if got := Authorize(c.a); got != c.want {
-			t.Errorf("Authorize(%+v) = %v, want %v", c.a, got, c.want)
-		}
-	}
-}
-
 func TestAdmitSession(t *testing.T) {
 	for _, c := range []struct {
 		name string

@@ -17,6 +17,7 @@ var sessionContracts = []contract{
 	{"SessionAndStreamLimits", testLimits},
 	{"AdoptedSessionsCannotCrowdOut", testAdoptedShare},
 	{"DeleteSession", testDeleteSession},
+	{"RebindCredential", testRebind},
 	{"IdleExpiry", testIdleExpiry},
 	{"EndedStreamsRetire", testEndedStreamsRetire},
 	{"StreamLookupAndUpstreamCursor", testLookups},
@@ -131,7 +132,8 @@ func testAdoptedShare(t *testing.T, e *env) {
 
 func testDeleteSession(t *testing.T, e *env) {
 	st := e.store(BigLimits())
-	meta := buffer.SessionMeta{Version: "2025-11-25", Fingerprint: [32]byte{9, 9}, BindHeaders: []string{"Authorization"}}
+	meta := buffer.SessionMeta{Version: "2025-11-25", Fingerprint: [32]byte{9, 9}, Bind: []string{"X-Api-Key", "bearer"},
+		Credential: buffer.Credential{Hash: [32]byte{4}, Principal: policy.Principal{Known: true, Hash: [32]byte{5}}}}
 	s, err := st.CreateSession("s1", meta)
 	if err != nil {
 		t.Fatal(err)
@@ -171,7 +173,7 @@ func testDeleteSession(t *testing.T, e *env) {
 	}
 	tomb, ok := st.Tombstone("s1")
 	if !ok || tomb.Reason != policy.ReasonDeleted || tomb.Epoch != s.Epoch() || tomb.Fingerprint != meta.Fingerprint ||
-		tomb.Version != "2025-11-25" || !reflect.DeepEqual(tomb.BindHeaders, meta.BindHeaders) {
+		tomb.Version != "2025-11-25" || !reflect.DeepEqual(tomb.Bind, meta.Bind) || tomb.Credential != meta.Credential {
 		t.Fatalf("tombstone %+v, %v", tomb, ok)
 	}
 	// It remembers the requests whose answers the client may lack.
@@ -217,6 +219,47 @@ func testDeleteSession(t *testing.T, e *env) {
 	tomb, _ = st.Tombstone("s1")
 	if tomb.Reason != policy.ReasonPurged || len(tomb.Earlier) != 1 || tomb.Earlier[0].Epoch != s.Epoch() {
 		t.Fatalf("second tombstone %+v", tomb)
+	}
+}
+
+// A session rebound to a refreshed credential keeps everything else, shows
+// the new binding wherever it is looked up, and its tombstone keeps it.
+func testRebind(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	meta := buffer.SessionMeta{Version: "2025-11-25", Fingerprint: [32]byte{9}, Bind: []string{"bearer"},
+		Credential: buffer.Credential{Hash: [32]byte{1}, Principal: policy.Principal{Known: true, Hash: [32]byte{7}}}}
+	s, err := st.CreateSession("s1", meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	str := MustStream(t, s)
+	AppendN(t, str, 2, EvSize)
+	for _, c := range []buffer.Credential{
+		{Hash: [32]byte{2}, Principal: policy.Principal{Known: true, Hash: [32]byte{7}}},
+		{Hash: [32]byte{3}}, // an opaque token: no principal
+	} {
+		if err := s.Rebind(c); err != nil {
+			t.Fatalf("Rebind: %v", err)
+		}
+		want := meta
+		want.Credential = c
+		if got := s.Meta(); !reflect.DeepEqual(got, want) {
+			t.Fatalf("Meta after Rebind = %+v, want %+v", got, want)
+		}
+		again, ok := st.Session("s1")
+		if !ok || again.Meta().Credential != c {
+			t.Fatalf("Session(s1) after Rebind: %v %+v", ok, again)
+		}
+	}
+	if v := str.View(); v.Head != 2 {
+		t.Fatalf("the stream after Rebind: %+v", v)
+	}
+	st.Delete("s1", policy.ReasonDeleted)
+	if tomb, ok := st.Tombstone("s1"); !ok || tomb.Credential != (buffer.Credential{Hash: [32]byte{3}}) {
+		t.Fatalf("tombstone %+v, %v", tomb, ok)
+	}
+	if err := s.Rebind(buffer.Credential{Hash: [32]byte{4}}); !errors.Is(err, buffer.ErrSessionGone) {
+		t.Fatalf("Rebind of a deleted session: %v", err)
 	}
 }
 

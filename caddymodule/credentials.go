@@ -1,0 +1,330 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/bearer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// bindBearer, in a binding, stands for the request's bearer credential (the
+// Authorization header), which the upstream vouches for when it changes.
+const bindBearer = "bearer"
+
+// vouchTimeout bounds the upstream's answer to a credential check.
+const vouchTimeout = 10 * time.Second
+
+// maxRefusalBody bounds what is relayed of the upstream's refusal.
+const maxRefusalBody = 64 << 10
+
+// binding is what a session is bound to, as configured: bind, or the
+// header names of bind_headers.
+func (h *Handler) binding() []string {
+	if h.Bind != nil {
+		return h.Bind
+	}
+	return h.BindHeaders
+}
+
+// identity is the keyed hash of the request's values for the identity part
+// of a binding: every entry but bearer. A header name (bind_headers) hashes
+// as it always has, so sessions bound before bind existed still match.
+func (h *Handler) identity(r *http.Request, bind []string) [32]byte {
+	mac := hmac.New(sha256.New, h.zone.store.Key())
+	var repl *caddy.Replacer
+	for _, entry := range bind {
+		switch {
+		case entry == bindBearer:
+			continue
+		case strings.Contains(entry, "{"):
+			if repl == nil {
+				repl = replacerOf(r)
+			}
+			mac.Write([]byte(entry))
+			mac.Write([]byte{0})
+			mac.Write([]byte(repl.ReplaceAll(entry, "")))
+			mac.Write([]byte{0})
+		default:
+			for _, v := range r.Header.Values(entry) {
+				mac.Write([]byte(entry))
+				mac.Write([]byte{0})
+				mac.Write([]byte(v))
+				mac.Write([]byte{0})
+			}
+		}
+		mac.Write([]byte{1})
+	}
+	var fp [32]byte
+	mac.Sum(fp[:0])
+	return fp
+}
+
+func replacerOf(r *http.Request) *caddy.Replacer {
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		return repl
+	}
+	return caddy.NewReplacer()
+}
+
+// credential is the keyed hash of the request's bearer credential and of
+// the principal it names, if the proxy can tell (a JWT's iss and sub; the
+// upstream verifies the signature before the proxy relies on it).
+func (h *Handler) credential(r *http.Request) buffer.Credential {
+	values := r.Header.Values("Authorization")
+	if len(values) == 0 {
+		return buffer.Credential{}
+	}
+	key := h.zone.store.Key()
+	var c buffer.Credential
+	mac := hmac.New(sha256.New, key)
+	mac.Write([]byte("bearer\x00"))
+	for _, v := range values {
+		mac.Write([]byte(v))
+		mac.Write([]byte{0})
+	}
+	mac.Sum(c.Hash[:0])
+	if iss, sub, ok := bearer.Subject(values[0]); ok && len(values) == 1 {
+		mac := hmac.New(sha256.New, key)
+		mac.Write([]byte("principal\x00" + iss + "\x00" + sub))
+		mac.Sum(c.Principal.Hash[:0])
+		c.Principal.Known = true
+	}
+	return c
+}
+
+// sessionMeta is what a new session is bound with: the request's identity
+// and credential under this handler's binding.
+func (h *Handler) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
+	bind := h.binding()
+	m := buffer.SessionMeta{Version: version, Fingerprint: h.identity(r, bind),
+		Bind: append([]string(nil), bind...), Origin: origin}
+	if hasBearer(bind) {
+		m.Credential = h.credential(r)
+	}
+	return m
+}
+
+func hasBearer(bind []string) bool {
+	for _, e := range bind {
+		if e == bindBearer {
+			return true
+		}
+	}
+	return false
+}
+
+// requestKind is what a request could get from the proxy's logs.
+func requestKind(r *http.Request) policy.RequestKind {
+	switch {
+	case r.Method == http.MethodPost:
+		return policy.Call
+	case r.Method == http.MethodGet && acceptsSSE(r):
+		return policy.ReadsLog
+	case r.Method == http.MethodDelete:
+		return policy.EndSession
+	}
+	return policy.OtherKind
+}
+
+// bound is what the proxy holds of the session a request names: the
+// session itself, or the tombstone of one that ended here.
+type bound struct {
+	sess buffer.Session // nil for a tombstone
+	meta buffer.SessionMeta
+}
+
+// access is what the proxy knows of the session a request names, for
+// policy.Authorize.
+func (h *Handler) access(r *http.Request, sid string) (policy.Access, bound) {
+	a := policy.Access{Named: sid != "", Kind: requestKind(r), RebindOff: h.rebindMode() == policy.RebindOff}
+	if !a.Named {
+		return a, bound{}
+	}
+	var b bound
+	if sess, ok := h.zone.store.Session(sid); ok {
+		b = bound{sess: sess, meta: sess.Meta()}
+	} else if tomb, ok := h.zone.store.Tombstone(sid); ok {
+		b.meta = buffer.SessionMeta{Version: tomb.Version, Fingerprint: tomb.Fingerprint, Bind: tomb.Bind,
+			Credential: tomb.Credential}
+	} else {
+		return a, b
+	}
+	a.Remembered = true
+	got := h.identity(r, b.meta.Bind)
+	a.IdentityMatch = hmac.Equal(got[:], b.meta.Fingerprint[:])
+	// A session that is never tapped has no log to protect: its identity is
+	// checked, its credential is the upstream's alone.
+	a.Bearer = hasBearer(b.meta.Bind) && b.meta.Origin != policy.Untapped
+	if a.Bearer {
+		c := h.credential(r)
+		a.CredentialMatch = hmac.Equal(c.Hash[:], b.meta.Credential.Hash[:])
+	}
+	return a, b
+}
+
+func (h *Handler) rebindMode() policy.RebindMode {
+	if m, ok := policy.RebindModes[h.Rebind]; ok {
+		return m
+	}
+	return policy.RebindSubject
+}
+
+// vouch asks the upstream whether it accepts the request's credential for
+// the session (policy.Authorize said Vouch) and acts on policy.DecideRebind.
+// It reports whether the request goes on as the session's owner's; when it
+// does not, the client has its answer.
+func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string,
+	a policy.Access, b bound) (goOn bool, err error) {
+	verdict, refusal := h.askUpstream(r, next, sid, b.meta.Version)
+	offered := h.credential(r)
+	act := policy.DecideRebind(policy.RebindInput{Mode: h.rebindMode(), Verdict: verdict,
+		CredentialMatch: a.CredentialMatch, Bound: b.meta.Credential.Principal, Offered: offered.Principal, Kind: a.Kind})
+	credentialChecks.WithLabelValues(act.String()).Inc()
+	fields := []zap.Field{zap.String("session", sid), zap.String("method", r.Method), zap.String("outcome", act.String())}
+	switch act {
+	case policy.Proceed:
+		return true, nil
+	case policy.Rebind:
+		if b.sess != nil {
+			if err := b.sess.Rebind(offered); err != nil {
+				h.logger.Warn("session not rebound: the store could not record it", append(fields, zap.Error(err))...)
+				return false, h.refuse(w, "", "unavailable", "the retention store is unavailable; retry later", 5)
+			}
+		}
+		h.logger.Info("session rebound to a refreshed credential the upstream accepted", fields...)
+		return true, nil
+	case policy.RelayRefusal:
+		h.logger.Info("credential refused by the upstream: its answer goes to the client",
+			append(fields, zap.Int("status", refusal.status))...)
+		refusal.relay(w)
+		return false, nil
+	case policy.DenyPrincipal:
+		credentialRejections.Inc()
+		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
+			"credentials name another principal than the session's")
+	case policy.DenyUnverifiable:
+		credentialRejections.Inc()
+		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
+			"the credential changed and the proxy cannot tell it names the session's principal (not a JWT; see rebind)")
+	case policy.PassUntapped:
+		h.logger.Info("credential not bound to the session: the request passes through untapped", fields...)
+		if a.Kind == policy.EndSession {
+			return false, h.serveDelete(w, r, next, sid) // the upstream decides; no log is served
+		}
+		return false, next.ServeHTTP(w, r)
+	case policy.EndLost:
+		h.logger.Info("the upstream no longer knows the session", fields...)
+		h.zone.store.Delete(sid, policy.ReasonDeleted)
+		return false, next.ServeHTTP(w, r)
+	default: // Unavailable
+		h.logger.Warn("credential not checked: the upstream gave no verdict", fields...)
+		w.Header().Set("Retry-After", "1")
+		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, "",
+			"mcp-resume: the upstream could not check the request's credentials; retry")
+		return false, nil
+	}
+}
+
+var pingIDs atomic.Uint64
+
+// askUpstream sends a JSON-RPC ping on the session to the upstream, with
+// the request's headers (its credentials among them), and reads the
+// upstream's verdict. A refusal comes back whole, for the client.
+func (h *Handler) askUpstream(r *http.Request, next caddyhttp.Handler, sid, version string) (policy.Verdict, *recorded) {
+	body := []byte(`{"jsonrpc":"2.0","id":"mcp-resume-check-` + strconv.FormatUint(pingIDs.Add(1), 10) + `","method":"ping"}`)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), vouchTimeout)
+	defer cancel()
+	req := r.Clone(ctx)
+	req.Method = http.MethodPost
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	req.ContentLength = int64(len(body))
+	for _, name := range []string{hdrLastEventID, "Accept-Encoding", "Content-Length", "Transfer-Encoding"} {
+		req.Header.Del(name)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if req.Header.Get(hdrVersion) == "" && version >= "2025-06-18" {
+		req.Header.Set(hdrVersion, version)
+	}
+	rec := &recorded{header: http.Header{}}
+	err := func() (err error) {
+		defer func() {
+			if p := recover(); p == http.ErrAbortHandler {
+				err = http.ErrAbortHandler // the upstream's answer broke off
+			} else if p != nil {
+				panic(p)
+			}
+		}()
+		return next.ServeHTTP(rec, req)
+	}()
+	switch {
+	case rec.status/100 == 2:
+		return policy.Accepted, rec
+	case rec.status == http.StatusUnauthorized || rec.status == http.StatusForbidden:
+		return policy.Refused, rec
+	case rec.status == http.StatusNotFound:
+		return policy.SessionLost, rec
+	}
+	if err != nil {
+		h.logger.Debug("credential check failed", zap.String("session", sid), zap.Error(err))
+	}
+	return policy.Unverified, rec
+}
+
+// recorded is the upstream's answer to a credential check.
+type recorded struct {
+	header http.Header
+	status int
+	body   []byte
+}
+
+func (rc *recorded) Header() http.Header { return rc.header }
+
+func (rc *recorded) WriteHeader(status int) {
+	if rc.status == 0 && status >= 200 {
+		rc.status = status
+	}
+}
+
+func (rc *recorded) Write(p []byte) (int, error) {
+	if rc.status == 0 {
+		rc.status = http.StatusOK
+	}
+	if room := maxRefusalBody - len(rc.body); room > 0 {
+		rc.body = append(rc.body, p[:min(len(p), room)]...)
+	}
+	return len(p), nil
+}
+
+func (rc *recorded) Flush() {}
+
+// relay gives the client the upstream's refusal as the upstream sent it:
+// its status, WWW-Authenticate and body are what make SDK clients refresh.
+func (rc *recorded) relay(w http.ResponseWriter) {
+	for k, v := range rc.header {
+		switch k {
+		case "Content-Length", "Transfer-Encoding", "Connection", hdrSessionID:
+			continue
+		}
+		w.Header()[k] = v
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(rc.body)))
+	w.WriteHeader(rc.status)
+	w.Write(rc.body)
+}
