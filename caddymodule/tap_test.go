@@ -591,13 +591,13 @@ func TestTapFlushWithoutBatchAppender(t *testing.T) {
 	}
 	tap := &upstreamTap{h: h, sess: s, stream: onlyAppend{str}, ctx: context.Background()}
 	tap.batch = []buffer.Entry{{Fields: []byte("data: 1\n")}, {Fields: []byte("data: 2\n"), Answers: []string{`"a"`}}}
-	tap.batchIDs = []upstreamID{{"u1", true}, {"u2", true}}
+	tap.batchIDs = []upstreamID{{"u1", true, 0}, {"u2", true, 0}}
 	if err := tap.flush(); err != nil || str.View().Head != 2 || len(tap.batch) != 0 || !tap.progress || tap.lastID != "u2" {
 		t.Fatalf("flush: %v, view %+v, batch %d, upstream cursor %q", err, str.View(), len(tap.batch), tap.lastID)
 	}
 	str.Complete()
 	tap.batch = []buffer.Entry{{Fields: []byte("data: 3\n"), Answers: []string{`"b"`}}}
-	tap.batchIDs = []upstreamID{{"u3", true}}
+	tap.batchIDs = []upstreamID{{"u3", true, 0}}
 	// The upstream cursor stays before an event the stream did not take:
 	// the next upstream request must ask for it again.
 	if err := tap.flush(); err != buffer.ErrStreamEnded || len(tap.pending) != 1 || tap.pending[0] != `"b"` || tap.lastID != "u2" {
