@@ -98,6 +98,7 @@ func TestStandaloneIDsThatRestartOnEachConnection(t *testing.T) {
 		fmt.Fprintf(w, "retry: 50\nid: 1\ndata: %s\n\nid: 2\ndata: %s\n\n",
 			notice(fmt.Sprintf("conn %d event 1", n)), notice(fmt.Sprintf("conn %d event 2", n)))
 		if n >= 3 {
+			w.(http.Flusher).Flush()
 			<-r.Context().Done() // the third stays open
 		}
 	}
@@ -116,8 +117,8 @@ func TestStandaloneIDsThatRestartOnEachConnection(t *testing.T) {
 			t.Fatalf("event %d is %q, want %q (all: %+v)", i, ev.Data, want, evs)
 		}
 	}
-	if got := up.getTimes(); len(got) < 3 {
-		t.Fatalf("%d upstream GETs", len(got))
+	if n := up.gets.Load(); n != 3 {
+		t.Fatalf("%d upstream GETs, want 3", n)
 	}
 }
 
