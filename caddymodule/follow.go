@@ -52,6 +52,17 @@ func (t *upstreamTap) delay(n int) time.Duration {
 	return min(d, reconnectMax)
 }
 
+// retryDelay is an upstream's retry: field (milliseconds) as a wait, at
+// most reconnectMax: compared before it is multiplied, so no value (the
+// parser takes any digits, saturating at math.MaxInt64) wraps around into
+// a short wait; the upstream that asked for the longest gets the longest.
+func retryDelay(ms int64) time.Duration {
+	if ms >= int64(reconnectMax/time.Millisecond) {
+		return reconnectMax
+	}
+	return time.Duration(ms) * time.Millisecond
+}
+
 func (t *upstreamTap) sleep(d time.Duration) bool {
 	tm := time.NewTimer(d)
 	defer tm.Stop()
@@ -173,11 +184,22 @@ func (t *upstreamTap) followStandalone(first attemptResult) {
 		if res.tapped && t.lastID == "" && !t.stream.Connected() {
 			return // nothing to catch up on and no one waiting: the next client GET reopens it
 		}
-		if t.progress || res.tapped && res.status == http.StatusOK && !res.broken {
+		// Only what brings something new resets the count, or a clean 200
+		// held open long enough not to be a spin: one that ends at once with
+		// no event (a server without GET streams that answers an empty body
+		// instead of 405, or one that polls) is an attempt that brought
+		// nothing, so the backoff applies and the limit ends it.
+		if t.progress || res.tapped && res.status == http.StatusOK && !res.broken && res.lasted >= reconnectMax {
 			attempts = 0
 		}
 		if attempts >= maxReconnects {
+			// The tap lets go of the stream: a connected client's response
+			// ends cleanly (as reverse_proxy passes an empty 200 on) and its
+			// next GET, at its own pace, asks the upstream again.
 			upstreamReconnects.WithLabelValues("exhausted").Inc()
+			t.h.logger.Warn("upstream standalone GET brought nothing new: stopped asking",
+				zap.String("session", t.sess.ID()), zap.String("upstream_last_event_id", truncate(t.lastID, 80)),
+				zap.Int("attempts", attempts), zap.Int("status", res.status))
 			return
 		}
 		if !t.sleep(t.delay(attempts)) {

@@ -34,6 +34,7 @@ type relay struct {
 	// it are replays (counted), later ones are live.
 	replayUpTo uint64
 	dst        [][]byte
+	delivered  uint64 // the last seq written to the client
 }
 
 func (h *Handler) newRelay(w http.ResponseWriter, sess buffer.Session, stream buffer.Stream, rd buffer.Reader) *relay {
@@ -54,6 +55,7 @@ func (rl *relay) write(b ...[]byte) bool {
 // run relays until the end; ctx is the client's.
 func (rl *relay) run(ctx context.Context) {
 	defer rl.rd.Close()
+	rl.delivered = rl.rd.Next() - 1
 	// The process stopping ends the relay too: cut, so the client resumes
 	// (on another replica, when the store is shared).
 	ctx, cancel := context.WithCancel(ctx)
@@ -70,6 +72,7 @@ func (rl *relay) run(ctx context.Context) {
 				return
 			}
 			rl.rd.Delivered(b.Last)
+			rl.delivered = b.Last
 			if rl.replayUpTo > 0 && b.First <= rl.replayUpTo {
 				replayed.Add(float64(min(b.Last, rl.replayUpTo) - b.First + 1))
 			}
@@ -87,6 +90,11 @@ func (rl *relay) run(ctx context.Context) {
 			}
 		case errors.Is(err, buffer.ErrTakenOver):
 			abortClient(rl.w)
+			return
+		case rl.sess.Context().Err() != nil:
+			// The session ended under the client (its DELETE, the
+			// upstream's 404, a purge): its events went with it.
+			rl.sessionEnded()
 			return
 		case errors.Is(err, buffer.ErrBelowFloor):
 			if !rl.recoverBelowFloor() {
@@ -135,6 +143,38 @@ func (rl *relay) recoverBelowFloor() bool {
 	rl.rd.Close()
 	rl.rd = rd
 	return true
+}
+
+// sessionEnded tells a client reading a request stream whose session
+// ended that the answers it was still owed are gone, never a clean end
+// with nothing: the gap event with the session's reason (deleted, purged),
+// then a JSON-RPC error (-32010) for each request whose answer it has not
+// been sent, so the call fails now. A client that was sent every answer,
+// or reads the standalone stream, just sees the end: its next request gets
+// the upstream's 404 and re-initializes.
+func (rl *relay) sessionEnded() {
+	if rl.stream.Kind() != policy.RequestStream {
+		return
+	}
+	var lost []string
+	for _, r := range rl.stream.View().Requests {
+		if r.AnsweredAt == 0 || r.AnsweredAt > rl.delivered {
+			lost = append(lost, r.ID)
+		}
+	}
+	if len(lost) == 0 {
+		return
+	}
+	reason := policy.ReasonDeleted
+	if tomb, ok := rl.h.zone.store.Tombstone(rl.sess.ID()); ok && tomb.Reason != "" {
+		reason = tomb.Reason
+	}
+	gaps.WithLabelValues(string(reason)).Inc()
+	at := eventid.Append(nil, rl.sess.Epoch(), rl.stream.Num(), rl.delivered)
+	rl.h.logger.Info("session ended under a running call: its requests failed",
+		zap.String("session", rl.sess.ID()), zap.Uint32("stream", rl.stream.Num()),
+		zap.String("reason", string(reason)), zap.Strings("requests", lost))
+	rl.write(gapPreamble(at, gapInfo{LastEventID: string(at), Lost: -1, Reason: reason}, lost, false))
 }
 
 // hold keeps a response open with keep-alives and sends nothing else, until

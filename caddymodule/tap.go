@@ -3,6 +3,7 @@ package caddymodule
 import (
 	"context"
 	"errors"
+	"hash/maphash"
 	"net/http"
 	"time"
 
@@ -21,7 +22,7 @@ const (
 	maxReconnects  = 5                      // upstream GETs in a row that bring nothing new
 	reconnectFirst = 250 * time.Millisecond // first delay when the upstream sent no retry:
 	reconnectMax   = 10 * time.Second
-	recentUpstream = 256 // upstream event IDs remembered, to drop repeats in a replay
+	recentUpstream = 256 // upstream event IDs remembered, to drop what a replay repeats
 )
 
 // errTooLarge is the tap's own refusal of an event over max_event_bytes.
@@ -53,6 +54,11 @@ type upstreamTap struct {
 	lastID string
 	retry  time.Duration
 	recent []taken // the last upstream IDs taken, oldest first
+	// conn numbers the upstream responses of the tap (its attempts);
+	// resumed says the current one answers a request that carried the
+	// upstream's Last-Event-ID: only such a replay can repeat an event.
+	conn    int
+	resumed bool
 	// startID is the cursor the tap started from; lastSeq the last event
 	// it appended.
 	startID string
@@ -126,10 +132,11 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 
 // attemptResult is what one upstream request of the tap came to.
 type attemptResult struct {
-	status  int   // the upstream's status, 0 if none came
-	tapped  bool  // a 200 text/event-stream fed the stream
-	broken  bool  // the response ended abnormally (connection error, abort)
-	proxied error // what the next handler returned (e.g. 502: the upstream is unreachable)
+	status  int           // the upstream's status, 0 if none came
+	tapped  bool          // a 200 text/event-stream fed the stream
+	broken  bool          // the response ended abnormally (connection error, abort)
+	proxied error         // what the next handler returned (e.g. 502: the upstream is unreachable)
+	lasted  time.Duration // from the request to the response's end
 }
 
 // attempt forwards req and, if start agrees at the response's status, taps
@@ -142,13 +149,16 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 	defer cancel()
 	t.parser = sse.Parser{MaxEventBytes: 2*int(t.h.MaxEventBytes) + 4<<10} // the tap checks the stored size
 	t.progress, t.failure = false, nil
+	t.conn++
+	t.resumed = req.Header.Get(hdrLastEventID) != ""
 	tw := &tapWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: out}, t: t, start: start}
 	stopped := false
 	if stopWhenAnswered {
 		tw.answered = func() { stopped = true; cancel() }
 	}
+	began := time.Now()
 	defer func() {
-		res.status, res.tapped = tw.status, tw.tapping
+		res.status, res.tapped, res.lasted = tw.status, tw.tapping, time.Since(began)
 		p := recover()
 		switch {
 		case stopped:
@@ -174,11 +184,15 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 
 // onEvent takes one upstream event into the batch of the write being parsed.
 func (t *upstreamTap) onEvent(ev *sse.Event) error {
-	if ev.HasID && t.seenID(ev.ID) {
-		return nil // a replay repeated an event the stream has
+	var sum uint64
+	if ev.HasID {
+		sum = eventSum(ev)
+		if t.repeat(ev.ID, sum) {
+			return nil // a replay repeated an event the stream has
+		}
 	}
 	if ev.HasRetry {
-		t.retry = time.Duration(ev.Retry) * time.Millisecond
+		t.retry = retryDelay(ev.Retry)
 	}
 	if !ev.HasData || len(ev.Data) == 0 {
 		// Priming and close events are the upstream's, not the client's; the
@@ -186,7 +200,7 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		if err := t.flush(); err != nil {
 			return err
 		}
-		t.took(upstreamID{ev.ID, ev.HasID}, t.lastSeq)
+		t.took(upstreamID{ev.ID, ev.HasID, sum}, t.lastSeq)
 		return nil
 	}
 	// Stored without the upstream's id and retry (the proxy follows the
@@ -212,11 +226,11 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		}
 		// The stream fails with this event reported lost, so the cursor
 		// moves past it: asked for again, it would fail every later GET.
-		t.took(upstreamID{ev.ID, ev.HasID}, t.lastSeq)
+		t.took(upstreamID{ev.ID, ev.HasID, sum}, t.lastSeq)
 		return errTooLarge
 	}
 	t.batch = append(t.batch, buffer.Entry{Fields: fields, Answers: t.answers(ev.Data)})
-	t.batchIDs = append(t.batchIDs, upstreamID{ev.ID, ev.HasID})
+	t.batchIDs = append(t.batchIDs, upstreamID{ev.ID, ev.HasID, sum})
 	if len(t.batch) == maxBatch {
 		return t.flush()
 	}
@@ -296,34 +310,62 @@ func (t *upstreamTap) took(id upstreamID, seq uint64) {
 	if len(t.recent) == recentUpstream {
 		t.recent = append(t.recent[:0], t.recent[1:]...)
 	}
-	t.recent = append(t.recent, taken{id.id, seq})
+	t.recent = append(t.recent, taken{id: id.id, seq: seq, sum: id.sum, conn: t.conn})
 }
 
-// upstreamID is an upstream event's id field, if it had one.
+// upstreamID is an upstream event's id field, if it had one, and the sum
+// of its content (eventSum).
 type upstreamID struct {
 	id  string
 	has bool
+	sum uint64
 }
 
-// taken is an upstream event ID the stream has, up to its seq.
+// taken is an upstream event ID the stream has, up to its seq, with the
+// sum of its content and the upstream response it came in.
 type taken struct {
-	id  string
-	seq uint64
+	id   string
+	seq  uint64
+	sum  uint64
+	conn int
 }
 
-// seenID reports whether the stream has the upstream's event id already.
-func (t *upstreamTap) seenID(id string) bool {
+// repeat reports whether the upstream event with id and content sum, in
+// the current response, repeats one the stream took from an earlier
+// response (policy.UpstreamRepeat has the rule). Events of the write being
+// parsed (the batch) are of the current response: never repeats.
+func (t *upstreamTap) repeat(id string, sum uint64) bool {
+	e := policy.UpstreamEvent{HasID: true, Resumed: t.resumed}
+	if !e.Resumed {
+		return false
+	}
 	for _, s := range t.recent {
-		if s.id == id {
-			return true
+		if s.id == id && s.conn < t.conn {
+			e.TakenEarlier = true
+			if s.sum == sum {
+				e.SameContent = true
+				break
+			}
 		}
 	}
-	for _, b := range t.batchIDs {
-		if b.has && b.id == id {
-			return true
-		}
+	return policy.UpstreamRepeat(e)
+}
+
+// sumSeed keys eventSum for the process.
+var sumSeed = maphash.MakeSeed()
+
+// eventSum is a hash of what an upstream event says (its type and data),
+// which tells a replayed event from a new one that reuses its ID.
+func eventSum(ev *sse.Event) uint64 {
+	var h maphash.Hash
+	h.SetSeed(sumSeed)
+	h.WriteString(ev.Type)
+	h.WriteByte(0)
+	if ev.HasData {
+		h.WriteByte(1)
+		h.Write(ev.Data)
 	}
-	return false
+	return h.Sum64()
 }
 
 // storedCursor is the upstream cursor of the last event the store holds for

@@ -590,13 +590,13 @@ func TestTapFlushWithoutBatchAppender(t *testing.T) {
 	}
 	tap := &upstreamTap{h: h, sess: s, stream: onlyAppend{str}, ctx: context.Background()}
 	tap.batch = []buffer.Entry{{Fields: []byte("data: 1\n")}, {Fields: []byte("data: 2\n"), Answers: []string{`"a"`}}}
-	tap.batchIDs = []upstreamID{{"u1", true}, {"u2", true}}
+	tap.batchIDs = []upstreamID{{"u1", true, 0}, {"u2", true, 0}}
 	if err := tap.flush(); err != nil || str.View().Head != 2 || len(tap.batch) != 0 || !tap.progress || tap.lastID != "u2" {
 		t.Fatalf("flush: %v, view %+v, batch %d, upstream cursor %q", err, str.View(), len(tap.batch), tap.lastID)
 	}
 	str.Complete()
 	tap.batch = []buffer.Entry{{Fields: []byte("data: 3\n"), Answers: []string{`"b"`}}}
-	tap.batchIDs = []upstreamID{{"u3", true}}
+	tap.batchIDs = []upstreamID{{"u3", true, 0}}
 	// The upstream cursor stays before an event the stream did not take:
 	// the next upstream request must ask for it again.
 	if err := tap.flush(); err != buffer.ErrStreamEnded || len(tap.pending) != 1 || tap.pending[0] != `"b"` || tap.lastID != "u2" {
@@ -882,5 +882,105 @@ func TestEarlyHintsThen409IsAskedAgain(t *testing.T) {
 	t.Logf("client got %d %v %q", resp.StatusCode, resp.Header, body)
 	if resp.Header.Get("Content-Type") != "text/event-stream" || len(body) < 8 || body[:8] == "Conflict" {
 		t.Errorf("client did not get a clean event stream")
+	}
+}
+
+// An upstream whose IDs restart on each connection (no event store) reuses
+// IDs the stream took for new events on the proxy's reconnect: they are
+// new content, so taken; only what a replay repeats (same ID, same
+// content, from before the reconnect) is dropped. IDs repeated within one
+// response are never dropped.
+func TestTapRepeatsAreOnlyAReplaysResends(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		sseStep("eof", progress("1", 1), progress("1", 2), progress("2", 3), "retry: 10\n\n"),
+		sseStep("eof", progress("2", 3), progress("1", 4), progress("2", 5), result("3", "7")),
+	}}
+	w := serve(t, h, up, post("7"))
+	reqs := up.requests()
+	if len(reqs) != 2 || reqs[1].Header.Get(hdrLastEventID) != "2" {
+		t.Fatalf("%d upstream requests", len(reqs))
+	}
+	evs := events(t, w.Body.String())
+	checkContiguous(t, evs)
+	if len(evs) != 6 || !strings.Contains(evs[5].Data, `"result"`) {
+		t.Fatalf("client got %+v", evs)
+	}
+	for i := 0; i < 5; i++ {
+		if !strings.Contains(evs[i].Data, fmt.Sprintf(`"progress":%d}`, i+1)) {
+			t.Fatalf("event %d is %+v", i+1, evs[i])
+		}
+	}
+}
+
+// An event of exactly max_event_bytes (its fields as retained, without the
+// upstream's id) is kept in every form it may come in; one byte more fails
+// the stream too_large.
+func TestTapEventOfExactlyMaxEventBytes(t *testing.T) {
+	const max = 1024
+	pad := max - len("data: \n")
+	for _, tc := range []struct{ name, ev string }{
+		{"as stored", "data: " + strings.Repeat("x", pad) + "\n\n"},
+		{"with an id", "id: 7\ndata: " + strings.Repeat("x", pad) + "\n\n"},
+		{"CR LF", "data: " + strings.Repeat("x", pad) + "\r\n\r\n"},
+		{"id after data", "data: " + strings.Repeat("x", pad) + "\nid: 7\n\n"},
+		{"typed", "event: m\ndata: " + strings.Repeat("x", pad-len("event: m\n")) + "\n\n"},
+		{"retry and id", "retry: 100\nid: 7\ndata: " + strings.Repeat("x", pad) + "\n\n"},
+	} {
+		for _, extra := range []int{0, 1} {
+			t.Run(fmt.Sprintf("%s+%d", tc.name, extra), func(t *testing.T) {
+				h := testHandler(t)
+				h.MaxEventBytes = max
+				newSession(t, h, "2025-06-18")
+				ev := strings.Replace(tc.ev, "xxx", strings.Repeat("x", 3+extra), 1)
+				up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("eof", ev+result("", `"r1"`))}}
+				body := serve(t, h, up, post(`"r1"`)).Body.String()
+				if failed := strings.Contains(body, string(policy.ReasonTooLarge)); failed != (extra == 1) {
+					t.Fatalf("an event of %d bytes: failed %v", max+extra, failed)
+				}
+			})
+		}
+	}
+}
+
+// retry: is a wait of at most reconnectMax, whatever its digits: the
+// milliseconds are compared before they are multiplied (18446744073710 ms
+// once wrapped around to 0.45 ms).
+func TestRetryDelay(t *testing.T) {
+	for _, tc := range []struct {
+		ms   int64
+		want time.Duration
+	}{
+		{0, 0}, {1, time.Millisecond}, {9999, 9999 * time.Millisecond}, {10000, reconnectMax},
+		{18446744073710, reconnectMax}, {9223372036854775807, reconnectMax}, {9223372036854, reconnectMax},
+	} {
+		if got := retryDelay(tc.ms); got != tc.want {
+			t.Errorf("retryDelay(%d) = %v, want %v", tc.ms, got, tc.want)
+		}
+	}
+}
+
+// A standalone GET the upstream answers with an empty clean 200 is an
+// attempt that brought nothing: the follower backs off and stops after
+// maxReconnects of them, and the client's response ends.
+func TestTapEmptyStandaloneGETsBackOffAndStop(t *testing.T) {
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	var steps []func(http.ResponseWriter, *http.Request) error
+	for i := 0; i <= maxReconnects; i++ {
+		steps = append(steps, sseStep("eof"))
+	}
+	up := &upstream{steps: steps}
+	g := httptest.NewRequest("GET", "/mcp", nil)
+	g.Header.Set("Accept", "text/event-stream")
+	g.Header.Set(hdrSessionID, "sess-1")
+	g.Header.Set("Authorization", "Bearer x")
+	serve(t, h, up, g) // returns: the client's response ended
+	if n := len(up.requests()); n != 1+maxReconnects {
+		t.Fatalf("%d upstream GETs, want %d", n, 1+maxReconnects)
+	}
+	if d := up.at[len(up.at)-1].Sub(up.at[0]); d < 3*time.Second {
+		t.Fatalf("%d GETs within %v: no backoff", len(up.at), d)
 	}
 }

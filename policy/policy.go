@@ -198,3 +198,34 @@ func Evictable(e EventView, now time.Time, window time.Duration) bool {
 		return now.Sub(e.DeliveredAt) >= window
 	}
 }
+
+// ---- following the upstream ---------------------------------------------
+
+// UpstreamEvent is what the follower knows of one upstream event with an
+// ID when deciding whether it is a repeat.
+type UpstreamEvent struct {
+	HasID bool
+	// Resumed: the response it came in answers a GET the proxy sent with
+	// the upstream's own Last-Event-ID (a reconnect), not the client's
+	// request nor a fresh GET.
+	Resumed bool
+	// TakenEarlier: the stream took an event with this ID from an earlier
+	// upstream response (before that reconnect).
+	TakenEarlier bool
+	// SameContent: that event had the same type and data.
+	SameContent bool
+}
+
+// UpstreamRepeat reports whether the follower drops an upstream event as a
+// repeat of one the stream has. Only a replay can repeat: the upstream
+// resends events after the Last-Event-ID the proxy sent, and some resend
+// that event itself or a few before it. Within one response nothing is a
+// repeat, however the upstream numbers its events (an ID used twice, IDs
+// that restart on each connection): dropping there loses events the
+// upstream sent once. Nor is an event with a taken ID but other content:
+// an upstream whose IDs restart on each connection reuses IDs for new
+// events. The IDs break the spec's uniqueness rule, but plain
+// reverse_proxy would deliver them, so the proxy does.
+func UpstreamRepeat(e UpstreamEvent) bool {
+	return e.HasID && e.Resumed && e.TakenEarlier && e.SameContent
+}

@@ -186,3 +186,22 @@ func TestStringers(t *testing.T) {
 		}
 	}
 }
+
+func TestUpstreamRepeat(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		e    UpstreamEvent
+		want bool
+	}{
+		{"a replay resends an event taken before the reconnect", UpstreamEvent{HasID: true, Resumed: true, TakenEarlier: true, SameContent: true}, true},
+		{"a replay's new event", UpstreamEvent{HasID: true, Resumed: true}, false},
+		{"a reconnect's new event reusing a taken ID (IDs restart per connection)", UpstreamEvent{HasID: true, Resumed: true, TakenEarlier: true}, false},
+		{"an ID repeated within the first response", UpstreamEvent{HasID: true, TakenEarlier: false, SameContent: false}, false},
+		{"a fresh GET (no Last-Event-ID) repeating a taken ID and content", UpstreamEvent{HasID: true, TakenEarlier: true, SameContent: true}, false},
+		{"no ID", UpstreamEvent{Resumed: true, TakenEarlier: true, SameContent: true}, false},
+	} {
+		if got := UpstreamRepeat(tc.e); got != tc.want {
+			t.Errorf("%s: UpstreamRepeat(%+v) = %v, want %v", tc.name, tc.e, got, tc.want)
+		}
+	}
+}

@@ -8,6 +8,7 @@ package sse
 import (
 	"bytes"
 	"errors"
+	"math"
 	"strconv"
 )
 
@@ -219,8 +220,8 @@ func (p *Parser) processLine(line []byte, direct bool, max int, emit func(*Event
 		}
 	case "retry":
 		p.notRaw()
-		if n, err := strconv.ParseInt(string(value), 10, 64); err == nil && n >= 0 && isDigits(value) {
-			p.ev.Retry, p.ev.HasRetry = n, true
+		if isDigits(value) {
+			p.ev.Retry, p.ev.HasRetry = parseRetry(value), true
 		}
 	default:
 		p.notRaw()
@@ -274,6 +275,18 @@ func (p *Parser) resetEvent() {
 	}
 	p.size = 0
 	p.aliased, p.raw, p.rawLen, p.rawBad = false, nil, 0, false
+}
+
+// parseRetry reads a retry field of ASCII digits. A value beyond int64
+// saturates rather than being ignored: the spec takes any digits as the
+// reconnection time, and an upstream that wrote an enormous one asked for
+// the longest wait, not for the last one it gave.
+func parseRetry(b []byte) int64 {
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return math.MaxInt64 // only digits: the one error is a value out of range
+	}
+	return n
 }
 
 func isDigits(b []byte) bool {

@@ -3,6 +3,7 @@ package sse
 import (
 	"bytes"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -80,7 +81,8 @@ func TestParser(t *testing.T) {
 		{"retry negative ignored", "retry: -1\ndata: x\n\n", []ev{data("x")}},
 		{"retry empty ignored", "retry:\ndata: x\n\n", []ev{data("x")}},
 		{"retry space inside ignored", "retry: 1 5\ndata: x\n\n", []ev{data("x")}},
-		{"retry overflow ignored", "retry: 99999999999999999999999\ndata: x\n\n", []ev{data("x")}},
+		{"retry overflow saturates", "retry: 99999999999999999999999\ndata: x\n\n", []ev{{Retry: math.MaxInt64, HasRetry: true, Data: "x", HasData: true}}},
+		{"retry past int64 ms as a duration", "retry: 18446744073710\ndata: x\n\n", []ev{{Retry: 18446744073710, HasRetry: true, Data: "x", HasData: true}}},
 		{"unknown field", "foo: bar\ndata: x\n\n", []ev{data("x")}},
 		{"field names are case sensitive", "Data: x\nDATA: y\ndata: z\n\n", []ev{data("z")}},
 		{"BOM at start", "\xEF\xBB\xBFdata: a\n\n", []ev{data("a")}},
@@ -119,6 +121,8 @@ var corpus = []string{
 	": c\n\nid: x\x00y\nid: 42\nevent: e\nretry: 12x\nretry: 99\ndata:1\ndata:  2\n\ndata: tail",
 	"\r\r\n\n\r\n\xEF\xBB\xBFdata: not-bom\n\n",
 	strings.Repeat("data: 0123456789\r\n", 20) + "\r\n",
+	// retry values whose milliseconds overflow a time.Duration, or int64
+	"retry: 18446744073710\ndata: x\n\nretry: 99999999999999999999999\n\nretry: 9223372036854775807\ndata: y\n\n",
 }
 
 // checkSplits feeds in every 2-way split and in 1-byte chunks and compares
