@@ -5,6 +5,7 @@
 //
 //   node oauth_client.mjs <endpoint-url> [--calls=2] [--n=8] [--interval-ms=300]
 //        [--ping-ms=250] [--timeout-ms=15000] [--cut-after-refresh] [--cut-after-expiry]
+//        [--cut-only-call]
 //        [--expire-between=true]
 //
 // What it does:
@@ -29,6 +30,8 @@
 //      new token. --cut-after-expiry (with --ping-ms=0, so nothing refreshes
 //      first) cuts at the first progress notification after the token
 //      expired instead: the resume GET carries the expired token.
+//      --cut-only-call aborts only the call's POST response, leaving the
+//      standalone GET stream open.
 //   4. terminateSession() (the DELETE). The SDK does not refresh on a 401 to
 //      DELETE (it throws "Failed to terminate session: Unauthorized"), so on
 //      401 this client refreshes (auth()) and sends the DELETE once more, as
@@ -74,6 +77,7 @@ function options(argv) {
         timeoutMs: 15000,
         cutAfterRefresh: false,
         cutAfterExpiry: false,
+        cutOnlyCall: false,
         expireBetween: true
     };
     for (const arg of argv) {
@@ -92,6 +96,7 @@ function options(argv) {
             case 'timeout-ms': opts.timeoutMs = Number(value); break;
             case 'cut-after-refresh': opts.cutAfterRefresh = bool; break;
             case 'cut-after-expiry': opts.cutAfterExpiry = bool; break;
+            case 'cut-only-call': opts.cutOnlyCall = bool; break;
             case 'expire-between': opts.expireBetween = bool; break;
             default: throw new Error(`unknown option --${key}`);
         }
@@ -174,7 +179,7 @@ async function loggingFetch(input, init = {}) {
         wwwAuthenticate: ''
     };
     out.requests.push(record);
-    const entry = { ac, open: true };
+    const entry = { ac, open: true, call: method === 'POST' && rpc === 'tools/call' };
     inflight.add(entry);
     let res;
     try {
@@ -219,12 +224,15 @@ function cut(callIndex) {
     out.cut.afterProgress = out.calls[callIndex].progress.length;
     cutting = true;
     for (const entry of inflight) {
+        if (opts.cutOnlyCall && !entry.call) {
+            continue;
+        }
         if (entry.open) {
             out.cut.aborted++;
         }
         entry.ac.abort(new Error('connection cut by the test'));
+        inflight.delete(entry);
     }
-    inflight.clear();
     setTimeout(() => {
         cutting = false;
     }, 100);

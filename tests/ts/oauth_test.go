@@ -644,49 +644,66 @@ func truncate(b []byte, n int) string {
 }
 
 // What TypeScript SDK 1.32.2 does when a resume GET gets a 401, directly
-// against a server that can resume by itself (event store), so nothing of
-// the proxy is involved: _startOrAuthSse answers a 401 with
-// _authThenStart(), which refreshes and then opens a GET with
-// resumptionToken undefined. The retried GET carries no Last-Event-ID, so
-// the call's stream is never resumed and the call times out, and each
-// concurrent 401 (the call's resume and the standalone stream's) runs a
-// refresh of its own. For the proxy this means: a resume that arrives with
-// an expired token and is answered with the upstream's 401 (right, and
-// what must happen) still loses the call for this SDK. It is the SDK's
-// limit, not the proxy's; this test fails when the SDK changes, so that
-// research/mcp-auth.md and the tests above can be updated.
+// against a server that resumes by itself (event store), so that nothing of
+// the proxy is involved. _startOrAuthSse answers a 401 with _authThenStart(),
+// which refreshes and then opens a GET with resumptionToken undefined: the
+// retry after the refresh carries no Last-Event-ID. If that GET succeeds it
+// is taken for the standalone stream and the call's stream is never
+// resumed (the call times out); only if it fails does the reconnection
+// loop of the original resume try again, with Last-Event-ID. Here only the
+// call's response is cut, the standalone GET stays open, so the TS server
+// answers the ID-less retry 409 ("Only one SSE stream is allowed per
+// session") and the SDK recovers on its next attempt.
+//
+// For the proxy: a resume with an expired token must get the upstream's 401
+// (so the client refreshes), and then the SDK sends a GET without
+// Last-Event-ID on a session whose standalone stream may be open. If that
+// GET is answered 200 (a takeover of the standalone stream) the call is
+// lost; a 409 lets the SDK retry with its Last-Event-ID. (With every
+// connection cut, the standalone stream's reconnection races with it, and
+// the call survives or not by which GET comes first.) This test fails when
+// the SDK changes, so that research/mcp-auth.md and the tests above are
+// updated.
 func TestOAuthSDKResumeAfter401DropsLastEventID(t *testing.T) {
 	nodeReady(t)
 	srv := startOAuthServer(t, "--port=0", "--event-store", fmt.Sprintf("--token-ttl-ms=%d", oauthTokenTTLMs))
-	// No pings, so nothing refreshes before the cut; one call, cut at its
-	// first progress notification after the token expired.
-	r := runOAuthClient(t, "http://"+srv.Addr+"/mcp", "--calls=1", "--ping-ms=0", "--cut-after-expiry", "--timeout-ms=4000")
+	// No pings, so nothing refreshes before the cut; one call, its response
+	// cut at its first progress notification after the token expired.
+	r := runOAuthClient(t, "http://"+srv.Addr+"/mcp", "--calls=1", "--ping-ms=0", "--cut-after-expiry", "--cut-only-call", "--timeout-ms=6000")
 	if !r.Cut.Done || r.Cut.AfterProgress >= oauthN {
 		t.Fatalf("the cut did not land mid-call after the token expired: %+v", r.Cut)
 	}
-	var resume401 *clientRequest
-	retriedWithID := false
-	for i, q := range r.Requests {
-		if q.Method != "GET" || q.Path != "/mcp" {
-			continue
+	defer func() {
+		if t.Failed() {
+			t.Logf("calls %+v; refreshes %d; requests:%s", r.Calls, r.Refreshes, collapse(r.Requests))
 		}
-		if resume401 == nil {
-			if q.LastEventID != "" && q.Status == http.StatusUnauthorized {
-				resume401 = &r.Requests[i]
-			}
-			continue
-		}
-		if q.LastEventID != "" {
-			retriedWithID = true
+	}()
+	// The sequence: GET + Last-Event-ID -> 401; refresh; GET without it ->
+	// 409; GET + the same Last-Event-ID -> 200.
+	var gets []clientRequest
+	for _, q := range r.Requests {
+		if q.Method == "GET" && q.Path == "/mcp" {
+			gets = append(gets, q)
 		}
 	}
-	if resume401 == nil {
-		t.Fatalf("no resume GET got a 401; requests:%s", collapse(r.Requests))
+	i := slices.IndexFunc(gets, func(q clientRequest) bool { return q.LastEventID != "" })
+	if i < 0 || gets[i].Status != http.StatusUnauthorized {
+		t.Fatalf("the first resume was not answered 401 (expired token)")
 	}
-	t.Logf("resume with the expired token: %s", resume401)
-	if retriedWithID || (len(r.Calls) == 1 && r.Calls[0].Error == "") {
-		t.Errorf("SDK %s now resumes with Last-Event-ID after refreshing on a 401 (call: %+v): update research/mcp-auth.md and this test; requests:%s",
-			r.SDKVersion, r.Calls, collapse(r.Requests))
+	id := gets[i].LastEventID
+	rest := gets[i+1:]
+	if len(rest) < 2 || rest[0].LastEventID != "" || rest[0].Status != http.StatusConflict {
+		t.Errorf("SDK %s: the GET after refreshing on the resume's 401 is not an ID-less one answered 409; "+
+			"if it now keeps Last-Event-ID, update research/mcp-auth.md and this test", r.SDKVersion)
+		return
 	}
-	t.Logf("call after the lost resume: %+v; refreshes %d; requests:%s", r.Calls, r.Refreshes, collapse(r.Requests))
+	if rest[1].LastEventID != id || rest[1].Status != http.StatusOK {
+		t.Errorf("after the 409 the SDK did not resume with Last-Event-ID %s: %s", id, rest[1])
+	}
+	if len(r.Calls) != 1 || r.Calls[0].Error != "" {
+		t.Errorf("the call did not survive: %+v", r.Calls)
+	} else {
+		assertOnceInOrder(t, r.Calls[0].Progress, oauthN)
+	}
+	t.Logf("resume after the 401: %s; then %s; then %s", gets[i], rest[0], rest[1])
 }
