@@ -215,18 +215,14 @@ func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return false, nil
 	case policy.DenyPrincipal:
 		credentialRejections.Inc()
+		h.logger.Warn("changed credential refused: it names another principal than the session's", fields...)
 		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
 			"credentials name another principal than the session's")
 	case policy.DenyUnverifiable:
 		credentialRejections.Inc()
+		h.logger.Warn("changed credential refused: the proxy cannot tell it names the session's principal (not a JWT); rebind upstream trusts the upstream for that", fields...)
 		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
 			"the credential changed and the proxy cannot tell it names the session's principal (not a JWT; see rebind)")
-	case policy.PassUntapped:
-		h.logger.Info("credential not bound to the session: the request passes through untapped", fields...)
-		if a.Kind == policy.EndSession {
-			return false, h.serveDelete(w, r, next, sid) // the upstream decides; no log is served
-		}
-		return false, next.ServeHTTP(w, r)
 	case policy.EndLost:
 		h.logger.Info("the upstream no longer knows the session", fields...)
 		h.zone.store.Delete(sid, policy.ReasonDeleted)

@@ -45,7 +45,7 @@ var (
 	credentialRejections = newCounter("credential_rejections_total",
 		"Requests refused with 403 because their credentials are not the session's: another identity, another principal, or a changed credential the proxy cannot tell is the same principal's.")
 	credentialChecks = newCounterVec("credential_checks_total",
-		"Requests whose credential the upstream was asked to vouch for (a changed bearer token, or any on a request answered from a log), by outcome: accepted (the bound credential, accepted again), rebound, refused_upstream, refused_principal, refused_unverifiable, passed_untapped, session_lost, unverified.", "outcome")
+		"Requests whose credential the upstream was asked to vouch for (a changed bearer token, or any on a request answered from a log), by outcome: accepted (the bound credential, accepted again), rebound, refused_upstream, refused_principal, refused_unverifiable, session_lost, unverified.", "outcome")
 	retriesServed = newCounter("repeated_requests_total",
 		"Repeated requests (same session, ids and body) answered from the retained stream instead of running again.")
 	replayed = newCounter("replayed_events_total",

@@ -135,23 +135,25 @@ const (
 	Rebind                               // bind the session to the request's credential, then Proceed
 	RelayRefusal                         // give the client the upstream's answer unchanged (its 401 makes SDK clients refresh)
 	DenyPrincipal                        // 403: the credential names another principal
-	DenyUnverifiable                     // 403 for a GET: the proxy cannot tell the principal (opaque token under RebindSubject)
-	PassUntapped                         // forward untouched, as plain reverse_proxy would, and keep the log out of it
+	DenyUnverifiable                     // 403: the proxy cannot tell the principal (an opaque token under RebindSubject)
 	EndLost                              // the upstream lost the session: end it here, then forward
 	Unavailable                          // 503: the upstream could not vouch now; retry
 )
 
 func (a RebindAction) String() string {
 	return [...]string{"accepted", "rebound", "refused_upstream", "refused_principal", "refused_unverifiable",
-		"passed_untapped", "session_lost", "unverified"}[a]
+		"session_lost", "unverified"}[a]
 }
 
 // DecideRebind decides what a request Authorize sent to the upstream for
 // vouching gets, from the upstream's verdict and what the proxy can tell of
 // the principals. The upstream's refusal always reaches the client as the
-// upstream gave it. A principal the proxy can tell is another is refused on
-// every path; one it cannot tell is never served from a log, but a call or
-// a DELETE goes upstream untapped, as plain reverse_proxy would send it.
+// upstream gave it. A credential the upstream accepted takes the session
+// over only if it names the bound principal; when the proxy cannot tell
+// (opaque tokens), only RebindUpstream trusts the upstream's word, since an
+// upstream that does not bind its sessions to users accepts anyone's valid
+// token. Refusals apply to every method: a call under another principal
+// would run in the owner's session.
 func DecideRebind(in RebindInput) RebindAction {
 	switch in.Verdict {
 	case Refused:
@@ -159,10 +161,7 @@ func DecideRebind(in RebindInput) RebindAction {
 	case SessionLost:
 		return EndLost
 	case Unverified:
-		if in.Kind == ReadsLog {
-			return Unavailable
-		}
-		return PassUntapped
+		return Unavailable
 	}
 	if in.CredentialMatch {
 		return Proceed // the bound credential, accepted again
@@ -174,8 +173,6 @@ func DecideRebind(in RebindInput) RebindAction {
 		return DenyPrincipal
 	case in.Mode == RebindUpstream:
 		return Rebind
-	case in.Kind == ReadsLog:
-		return DenyUnverifiable
 	}
-	return PassUntapped
+	return DenyUnverifiable
 }
