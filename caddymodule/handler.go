@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
@@ -140,6 +141,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.setDefaults()
 	if err := h.Validate(); err != nil {
 		return err
+	}
+	for _, name := range h.BindHeaders {
+		if strings.EqualFold(name, "Authorization") {
+			h.logger.Warn("bind_headers Authorization: a client whose token rotates (OAuth) gets 403 on every request after its refresh; bind bearer lets the upstream vouch for refreshed tokens")
+		}
 	}
 	var backend StoreModule = MemoryStore{}
 	if h.StoreRaw != nil {

@@ -12,12 +12,15 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-// TestCredentialBinding: a session is bound to the bound headers' values at
-// initialize. Another credential holding a valid Last-Event-ID and the
-// session's Mcp-Session-Id gets 403 with a JSON-RPC error body and not one
-// byte of the session's events, for GET (resume and standalone), POST
-// (requests and notifications) and DELETE; the session survives all of it.
-// Run with the default binding (Authorization) and with bind_headers X-Api-Key.
+// TestCredentialBinding: a session is bound at initialize. Another
+// credential holding a valid Last-Event-ID and the session's Mcp-Session-Id
+// gets 403 with a JSON-RPC error body and not one byte of the session's
+// events, for GET (resume and standalone), POST (requests and
+// notifications) and DELETE; the session survives all of it. Run with the
+// default binding (bearer: the demo upstream accepts any token, but these
+// are opaque, so the proxy cannot tell they name alice and refuses them
+// after asking the upstream) and with bind_headers X-Api-Key (a fixed
+// identity, refused without asking).
 func TestCredentialBinding(t *testing.T) {
 	for _, tc := range []struct {
 		name, options, header string
