@@ -2,12 +2,17 @@ package mcptest
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/bearer"
 )
 
 func TestSSEReader(t *testing.T) {
@@ -166,5 +171,31 @@ func TestClientAndUpstream(t *testing.T) {
 	}
 	if err := c.Delete(t.Context()); err != nil {
 		t.Error(err)
+	}
+}
+
+func TestJWTIssuer(t *testing.T) {
+	j := NewJWTIssuer("https://as")
+	tok := j.Mint("alice", time.Minute)
+	info, err := j.Verify(t.Context(), tok, nil)
+	if err != nil || info.UserID != "alice" || time.Until(info.Expiration) <= 0 {
+		t.Fatalf("a fresh token: %+v, %v", info, err)
+	}
+	if tok2 := j.Mint("alice", time.Minute); tok2 == tok {
+		t.Fatal("two tokens for the same subject are the same bytes")
+	}
+	if iss, sub, ok := bearer.Subject("Bearer " + tok); !ok || iss != "https://as" || sub != "alice" {
+		t.Fatalf("the proxy reads %q %q %v", iss, sub, ok)
+	}
+	for name, bad := range map[string]string{
+		"another issuer's key": NewJWTIssuer("https://as").Mint("alice", time.Minute),
+		"expired":              j.Mint("alice", -time.Second),
+		"another subject, same signature": strings.Join([]string{strings.Split(tok, ".")[0],
+			b64.EncodeToString([]byte(`{"iss":"https://as","sub":"bob","exp":4102444800}`)), strings.Split(tok, ".")[2]}, "."),
+		"opaque": "2YotnFZFEjr1zCsicMWpAA",
+	} {
+		if _, err := j.Verify(t.Context(), bad, nil); !errors.Is(err, auth.ErrInvalidToken) {
+			t.Errorf("%s: %v, want ErrInvalidToken", name, err)
+		}
 	}
 }

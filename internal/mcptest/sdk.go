@@ -39,7 +39,18 @@ func ConnectSDK(ctx context.Context, endpoint, version string, maxRetries int) (
 
 // ConnectSDKWith is ConnectSDK over the transport ct.
 func ConnectSDKWith(ctx context.Context, endpoint, version string, maxRetries int, ct *CuttableTransport) (*SDKClient, error) {
+	return ConnectSDKVia(ctx, endpoint, version, maxRetries, ct, nil)
+}
+
+// ConnectSDKVia is ConnectSDKWith whose requests go through wrap(ct) (nil:
+// ct itself): a RoundTripper that adds credentials, say.
+func ConnectSDKVia(ctx context.Context, endpoint, version string, maxRetries int, ct *CuttableTransport,
+	wrap func(http.RoundTripper) http.RoundTripper) (*SDKClient, error) {
 	c := &SDKClient{Transport: ct, seen: make(chan struct{}, 10000)}
+	var rt http.RoundTripper = ct
+	if wrap != nil {
+		rt = wrap(ct)
+	}
 	client := mcp.NewClient(&mcp.Implementation{Name: "mcptest", Version: "1"}, &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 			c.mu.Lock()
@@ -61,7 +72,7 @@ func ConnectSDKWith(ctx context.Context, endpoint, version string, maxRetries in
 			if r.Method == http.MethodGet {
 				c.Gets.Add(1)
 			}
-			return c.Transport.RoundTrip(r)
+			return rt.RoundTrip(r)
 		})},
 	}, &mcp.ClientSessionOptions{ProtocolVersion: version})
 	if err != nil {
