@@ -1,0 +1,152 @@
+package security
+
+// Review 19 (bind/rebind): attacks on the credential check the upstream
+// vouches for. Each test is a finding: it fails until the module is fixed.
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// forgeJWT is an unsigned JWT ("alg":"none", or any alg with a junk
+// signature) naming iss and sub: what anyone can write.
+func forgeJWT(alg, iss, sub string) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	claims, _ := json.Marshal(map[string]any{"iss": iss, "sub": sub, "exp": time.Now().Add(time.Hour).Unix()})
+	sig := "c2ln"
+	if alg == "none" {
+		sig = ""
+	}
+	return enc([]byte(`{"alg":"`+alg+`","typ":"JWT"}`)) + "." + enc(claims) + "." + sig
+}
+
+// at is cl on another path of the same route (route /mcp* matches it).
+func at(cl *mcptest.Client, url string) *mcptest.Client {
+	d := *cl
+	d.URL = url
+	return &d
+}
+
+// aliceWithJWT starts a Go SDK upstream behind auth.RequireBearerToken on
+// /mcp only (as harness.StartDemo mounts it), opens alice's session with a
+// valid JWT and makes one call; it returns her client, a cursor inside the
+// call and the secret text of its result.
+func aliceWithJWT(t *testing.T, extra func(mux *http.ServeMux)) (*harness.Caddy, *mcptest.JWTIssuer, *mcptest.Client, string, string) {
+	iss := mcptest.NewJWTIssuer("https://as.example.test")
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", iss.Protect(demoserver.New(demoserver.Options{})))
+	if extra != nil {
+		extra(mux)
+	}
+	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, mux), ""))
+	alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer "+iss.Mint("alice", time.Hour))))
+	const secret = "alice-secret-result-5e1d"
+	x := must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "alice-progress"))
+	if len(x.events) < 3 {
+		t.Fatalf("alice's call: %s", x)
+	}
+	y := must(t)(alice.Call(t.Context(), 2, "echo", map[string]any{"text": secret}, "a"))
+	if !strings.Contains(string(y.body), secret) {
+		t.Fatalf("alice's echo: %s", y)
+	}
+	return caddy, iss, alice, x.events[0].ID, secret
+}
+
+// FINDING (high): the credential check's ping goes to the request's own
+// path, which the client chooses anywhere under the route (route /mcp*).
+// A request naming alice's session on a path the upstream 404s (/mcpx)
+// gets the upstream's 404 for the ping, which the proxy reads as "the
+// upstream lost the session" (EndLost) and deletes alice's session and its
+// log. Mallory needs alice's session ID only: no token at all.
+func TestReview19PingPathOfTheRequestEndsTheSession(t *testing.T) {
+	caddy, _, alice, cursor, _ := aliceWithJWT(t, nil)
+	mallory := at(alice.WithHeader(cred("Authorization", "Bearer mallory-junk")), caddy.Base()+"/mcpx")
+	x, err := finish(mallory.Resume(t.Context(), cursor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("mallory's GET /mcpx: %s", x)
+	if _, held := adminSession(t, caddy, alice.SessionID); !held {
+		t.Fatal("alice's session is gone from the proxy after a request with another token on /mcpx: the upstream's 404 (no such path) for the ping was taken for 'session lost'")
+	}
+	y := must(t)(alice.Resume(t.Context(), cursor))
+	if y.status != http.StatusOK || len(y.events) == 0 {
+		t.Fatalf("alice's resume after mallory's request: %s, want her replay", y)
+	}
+}
+
+// FINDING (high): same root cause, other verdict. The upstream serves an
+// unauthenticated endpoint under the route's prefix (here /mcp-health,
+// 200 to any POST). Mallory's GET /mcp-health with alice's session ID, a
+// cursor and a forged unsigned JWT naming alice's iss and sub: the ping
+// goes to /mcp-health, gets 200 ("accepted"), the claims match, the
+// session is rebound to mallory's forged token and alice's log is
+// replayed to mallory; from then on the forged token is the bound one on
+// /mcp too (a resume under the bound token is answered without asking).
+func TestReview19PingPathOfTheRequestVouchesForAForgedJWT(t *testing.T) {
+	caddy, iss, alice, cursor, secret := aliceWithJWT(t, func(mux *http.ServeMux) {
+		mux.HandleFunc("/mcp-health", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"status":"ok"}`))
+		})
+	})
+	forged := "Bearer " + forgeJWT("none", iss.Issuer, "alice")
+	mallory := alice.WithHeader(cred("Authorization", forged))
+	x, err := finish(at(mallory, caddy.Base()+"/mcp-health").Resume(t.Context(), cursor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.events) > 0 {
+		t.Errorf("mallory's forged JWT on /mcp-health got %d of alice's events: %s", len(x.events), x)
+	}
+	// And on the real endpoint, with the same forged token, nothing asked.
+	y, err := finish(mallory.Resume(t.Context(), cursor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(y.events) > 0 || strings.Contains(string(y.body), "alice-progress") {
+		t.Errorf("mallory's forged JWT then reads alice's log on /mcp: %s", y)
+	}
+	noLeak(t, "mallory", append(x.body, y.body...), secret)
+}
+
+// FINDING (medium; documentation at least): an upstream that does not
+// verify tokens (the demo server with no auth, an upstream behind a
+// gateway that strips nothing, an upstream that only authorizes tools)
+// answers the ping 200 for any token. Then the iss/sub check reads claims
+// nobody verified: a forged unsigned JWT naming alice's iss and sub takes
+// her session over and reads her log. Before the change the raw-token
+// binding refused it; the README says "the upstream has just checked its
+// signature" but never that bind bearer's protection of JWT sessions
+// requires an upstream that verifies them. A possible fix: before trusting
+// claims, check that the upstream refuses the ping with no credential
+// (or refuse rebind when the session's own initialize was not preceded by
+// the upstream ever answering 401).
+func TestReview19UnverifyingUpstreamForgedJWT(t *testing.T) {
+	upstream := harness.StartDemo(t, demoserver.Options{})
+	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
+	const issuer = "https://as.example.test"
+	alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer "+mcptest.NewJWTIssuer(issuer).Mint("alice", time.Hour))))
+	x := must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "alice-progress"))
+	if len(x.events) < 3 {
+		t.Fatalf("alice's call: %s", x)
+	}
+	for _, alg := range []string{"none", "HS256"} {
+		mallory := alice.WithHeader(cred("Authorization", "Bearer "+forgeJWT(alg, issuer, "alice")))
+		y, err := finish(mallory.Resume(t.Context(), x.events[0].ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(y.events) > 0 {
+			t.Errorf("alg %s: a forged JWT naming alice read her log (upstream verifies nothing): %s", alg, y)
+		}
+	}
+}
