@@ -4,8 +4,10 @@ package security
 // vouches for. Each test is a finding: it fails until the module is fixed.
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -148,5 +150,120 @@ func TestReview19UnverifyingUpstreamForgedJWT(t *testing.T) {
 		if len(y.events) > 0 {
 			t.Errorf("alg %s: a forged JWT naming alice read her log (upstream verifies nothing): %s", alg, y)
 		}
+	}
+}
+
+// pingScript wraps an upstream: the proxy's credential checks (JSON-RPC
+// pings with ids mcp-resume-check-*) get answer instead; everything else
+// goes to next.
+func pingScript(next http.Handler, answer http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if bytes.Contains(body, []byte(`"mcp-resume-check-`)) {
+				answer(w, r)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// rotated starts an upstream whose pings get answer, opens alice's session
+// with one JWT and returns her client with a refreshed JWT (same subject)
+// and a cursor inside her call.
+func rotated(t *testing.T, answer http.HandlerFunc) (*harness.Caddy, *mcptest.Client, string) {
+	iss := mcptest.NewJWTIssuer("https://as.example.test")
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", pingScript(iss.Protect(demoserver.New(demoserver.Options{})), answer))
+	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, mux), ""))
+	alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer "+iss.Mint("alice", time.Hour))))
+	x := must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "p"))
+	if len(x.events) < 3 {
+		t.Fatalf("alice's call: %s", x)
+	}
+	return caddy, alice.WithHeader(cred("Authorization", "Bearer "+iss.Mint("alice", time.Hour))), x.events[0].ID
+}
+
+// FINDING (low): an upstream that answers the ping 200 at once but as an
+// SSE stream it does not end (or ends late: a slow server that keeps the
+// POST stream open for server-to-client requests, a keep-alive comment
+// stream) holds the client's rotated-token request for the whole
+// vouchTimeout (10 s), then the proxy takes the 200 as accepted anyway:
+// the verdict was known when the status arrived.
+func TestReview19PingAcceptedButStreamNeverEnds(t *testing.T) {
+	_, alice, cursor := rotated(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte(": waiting\n\n"))
+		http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	})
+	start := time.Now()
+	x, err := finish(alice.Resume(t.Context(), cursor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("resume with a refreshed token: %s after %v", x, took)
+	if took > 3*time.Second {
+		t.Errorf("the rotated-token resume waited %v for the end of a ping stream whose 200 had arrived at once", took.Round(time.Millisecond))
+	}
+}
+
+// What held up: a ping the upstream never answers costs the client the
+// vouchTimeout (10 s), not more, and gets 503 with Retry-After.
+func TestReview19PingNeverAnswered(t *testing.T) {
+	_, alice, cursor := rotated(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	start := time.Now()
+	x, err := finish(alice.Resume(t.Context(), cursor))
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	rpcError(t, x, http.StatusServiceUnavailable)
+	if took > 12*time.Second || x.header.Get("Retry-After") == "" {
+		t.Errorf("a ping never answered: %s after %v", x, took)
+	}
+}
+
+// The relayed refusal: hop-by-hop and session headers must not pass;
+// a body over 64 KiB is cut with a Content-Length that matches.
+func TestReview19RelayedRefusal(t *testing.T) {
+	big := strings.Repeat("x", 100<<10)
+	_, alice, cursor := rotated(t, func(w http.ResponseWriter, r *http.Request) {
+		h := w.Header()
+		h.Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+		h.Set("Mcp-Session-Id", "upstream-other-session")
+		h.Set("Set-Cookie", "a=b")
+		h.Set("Keep-Alive", "timeout=1")
+		h.Set("Proxy-Authenticate", "Basic")
+		h.Set("Upgrade", "h2c")
+		h.Set("Trailer", "X-T")
+		h.Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		w.Write([]byte(big))
+	})
+	resp, err := alice.Resume(t.Context(), cursor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the relayed refusal: %v", err)
+	}
+	t.Logf("relayed: %d %v, %d bytes", resp.StatusCode, resp.Header, len(body))
+	if resp.StatusCode != http.StatusUnauthorized || resp.Header.Get("WWW-Authenticate") == "" {
+		t.Fatalf("want the upstream's 401 with WWW-Authenticate: %d %v", resp.StatusCode, resp.Header)
+	}
+	for _, h := range []string{"Mcp-Session-Id", "Keep-Alive", "Upgrade", "Trailer"} {
+		if v := resp.Header.Get(h); v != "" {
+			t.Errorf("relayed refusal carries %s: %q", h, v)
+		}
+	}
+	if resp.ContentLength != int64(len(body)) || len(body) > 64<<10 {
+		t.Errorf("Content-Length %d, body %d", resp.ContentLength, len(body))
 	}
 }
