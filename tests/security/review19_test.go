@@ -267,3 +267,31 @@ func TestReview19RelayedRefusal(t *testing.T) {
 		t.Errorf("Content-Length %d, body %d", resp.ContentLength, len(body))
 	}
 }
+
+// FINDING (medium): bind {http.auth.user.id} with no authentication handler
+// before mcp_resume (wrong order, auth in another route, a typo in the
+// placeholder name) replaces to "" for everyone: every session is bound to
+// the empty identity and, bearer not being in the list, anyone holding a
+// session ID reads its log. The proxy should refuse to bind a session to
+// an identity whose placeholders all came out empty (or at least log it
+// loudly at initialize); nothing warns today.
+func TestReview19EmptyIdentityBindsEveryone(t *testing.T) {
+	for _, bind := range []string{"{http.auth.user.id}", "{http.auth.user.idd}"} {
+		t.Run(bind, func(t *testing.T) {
+			upstream := harness.StartDemo(t, demoserver.Options{})
+			caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, "bind "+bind))
+			alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer alice")))
+			x := must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "p"))
+			if len(x.events) < 3 {
+				t.Fatalf("alice's call: %s", x)
+			}
+			y, err := finish(alice.WithHeader(cred("Authorization", "Bearer mallory")).Resume(t.Context(), x.events[0].ID))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(y.events) > 0 {
+				t.Errorf("bind %s with no authentication before it: mallory reads alice's log: %s", bind, y)
+			}
+		})
+	}
+}
