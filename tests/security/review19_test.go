@@ -295,3 +295,39 @@ func TestReview19EmptyIdentityBindsEveryone(t *testing.T) {
 		})
 	}
 }
+
+// What held up: on the MCP endpoint of an upstream that verifies tokens,
+// nothing of alice's log goes to another subject's valid JWT, a JWT with
+// alice's sub from another issuer or with a bad signature, two
+// Authorization headers, odd schemes and whitespace, or a token in another
+// header; alice's own refreshed token in lowercase "bearer" is rebound.
+func TestReview19OddCredentialsOnTheRealEndpoint(t *testing.T) {
+	caddy, iss, alice, cursor, _ := aliceWithJWT(t, nil)
+	other := mcptest.NewJWTIssuer("https://evil.example.test")
+	bob := iss.Mint("bob", time.Hour)
+	for name, h := range map[string]http.Header{
+		"bob's valid JWT":          cred("Authorization", "Bearer "+bob),
+		"alice's sub, other iss":   cred("Authorization", "Bearer "+other.Mint("alice", time.Hour)),
+		"alg none":                 cred("Authorization", "Bearer "+forgeJWT("none", iss.Issuer, "alice")),
+		"bad signature":            cred("Authorization", "Bearer "+forgeJWT("HS256", iss.Issuer, "alice")),
+		"two headers":              {"Authorization": {"Bearer " + bob, "Bearer " + forgeJWT("none", iss.Issuer, "alice")}},
+		"tab":                      cred("Authorization", "Bearer\t"+bob),
+		"token in another header":  {"X-Authorization": {"Bearer " + iss.Mint("alice", time.Hour)}},
+		"forged + bob's, one line": cred("Authorization", "Bearer "+forgeJWT("none", iss.Issuer, "alice")+" "+bob),
+	} {
+		x, err := finish(alice.WithHeader(h).Resume(t.Context(), cursor))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(x.events) > 0 || x.status/100 == 2 {
+			t.Errorf("%s: %s", name, x)
+		}
+	}
+	if _, held := adminSession(t, caddy, alice.SessionID); !held {
+		t.Fatal("alice's session is gone")
+	}
+	x := must(t)(alice.WithHeader(cred("Authorization", "bearer "+iss.Mint("alice", time.Hour))).Resume(t.Context(), cursor))
+	if len(x.events) == 0 {
+		t.Fatalf("alice's refreshed token: %s", x)
+	}
+}
