@@ -279,7 +279,7 @@ func (st *MemoryStore) Delete(id string, reason policy.Reason) bool {
 		// the session ended, never unknown (adopted under any credential).
 		m := s.Meta()
 		provisional = &Tombstone{Past: Past{Epoch: s.epoch, Reason: reason}, Fingerprint: m.Fingerprint,
-			Bind: m.Bind, Credential: m.Credential, Version: m.Version, Ended: st.now()}
+			Bind: m.Bind, Credential: m.Credential, Endpoint: m.Endpoint, Version: m.Version, Ended: st.now()}
 		if _, remembered := st.tombs[id]; !remembered {
 			st.tombs[id] = provisional
 		} else {
@@ -299,7 +299,7 @@ func (st *MemoryStore) Delete(id string, reason policy.Reason) bool {
 	}
 	now := st.now()
 	m := s.Meta()
-	t := &Tombstone{Past: p, Fingerprint: m.Fingerprint, Bind: m.Bind, Credential: m.Credential,
+	t := &Tombstone{Past: p, Fingerprint: m.Fingerprint, Bind: m.Bind, Credential: m.Credential, Endpoint: m.Endpoint,
 		Version: m.Version, Ended: now, Earlier: earlier}
 	st.mu.Lock()
 	if _, again := st.sessions[id]; !again {

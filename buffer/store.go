@@ -75,7 +75,10 @@ type SessionMeta struct {
 	// names, placeholders, and "bearer" for Credential.
 	Bind       []string
 	Credential Credential
-	Origin     policy.SessionOrigin
+	// Endpoint is the path (and query) the session began on: where the
+	// upstream is asked to vouch for a changed credential.
+	Endpoint string
+	Origin   policy.SessionOrigin
 }
 
 // Credential is a session's bearer binding: keyed hashes of the token and of
@@ -104,6 +107,7 @@ type Tombstone struct {
 	Fingerprint [32]byte
 	Bind        []string
 	Credential  Credential
+	Endpoint    string
 	Version     string
 	Ended       time.Time
 	Earlier     []Past // incarnations before the last, newest first

@@ -91,7 +91,8 @@ func TestBindingValidation(t *testing.T) {
 	}
 	for _, h := range []Handler{
 		{Bind: []string{"{http.auth.user.id}", "bearer"}, Rebind: "upstream"},
-		{Bind: []string{"tenant-{http.request.header.X-Tenant}"}, Rebind: "off"},
+		{Bind: []string{"tenant-{http.request.header.X-Tenant}"}},
+		{Bind: []string{"bearer"}, Rebind: "off"},
 		{BindHeaders: []string{"X-Api-Key"}},
 	} {
 		h.setDefaults()

@@ -185,6 +185,11 @@ func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddy
 	if version == "" {
 		version = defaultVersion
 	}
+	if h.identityMissing(r) {
+		h.logger.Warn("session not adopted: its bind placeholders are empty for this request; passed through",
+			zap.String("session", sid))
+		return next.ServeHTTP(w, r)
+	}
 	if !h.zone.store.Admit(policy.Adopted) {
 		limitsHit.WithLabelValues("adopted_sessions").Inc()
 		h.logger.Warn("session not adopted: the share of adopted sessions is full; passed through",

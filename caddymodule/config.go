@@ -115,9 +115,12 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("mcp_resume: bind: expected placeholders (e.g. {http.auth.user.id}) or bearer")
 	}
 	for _, v := range h.Bind {
-		if v != bindBearer && !strings.Contains(v, "{") {
+		if v != bindBearer && !placeholderRE.MatchString(v) {
 			return fmt.Errorf("mcp_resume: bind: %q is neither a placeholder (e.g. {http.auth.user.id}, {http.request.header.X-User}) nor bearer", v)
 		}
+	}
+	if h.Rebind != "" && !hasBearer(h.binding()) {
+		return fmt.Errorf("mcp_resume: rebind applies to a bearer credential, and bind has no bearer")
 	}
 	for _, name := range h.BindHeaders {
 		if name == "" || strings.ContainsAny(name, " :{}\r\n") || name == bindBearer {
@@ -132,6 +135,10 @@ func (h *Handler) Validate() error {
 	}
 	return nil
 }
+
+// placeholderRE: a bind value holds at least one well-formed placeholder
+// and no stray brace (a literal would bind everyone to the same value).
+var placeholderRE = regexp.MustCompile(`^[^{}]*(\{[^{}\s]+\}[^{}]*)+$`)
 
 // zoneNameRE: a zone names files and, in a shared store, NATS subjects.
 var zoneNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,26}$`)

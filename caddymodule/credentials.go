@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"errors"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -108,15 +110,66 @@ func (h *Handler) credential(r *http.Request) buffer.Credential {
 }
 
 // sessionMeta is what a new session is bound with: the request's identity
-// and credential under this handler's binding.
+// and credential under this handler's binding, and the endpoint it began on.
 func (h *Handler) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
 	bind := h.binding()
 	m := buffer.SessionMeta{Version: version, Fingerprint: h.identity(r, bind),
-		Bind: append([]string(nil), bind...), Origin: origin}
+		Bind: append([]string(nil), bind...), Endpoint: r.URL.RequestURI(), Origin: origin}
 	if hasBearer(bind) {
 		m.Credential = h.credential(r)
 	}
 	return m
+}
+
+// identityMissing reports whether a binding of placeholders alone came out
+// empty for the request: an authentication handler that should set them
+// did not run before this one (or a placeholder is misspelt), and a
+// session bound to nothing would be anyone's.
+func (h *Handler) identityMissing(r *http.Request) bool {
+	bind := h.binding()
+	if hasBearer(bind) {
+		return false
+	}
+	var repl *caddy.Replacer
+	for _, entry := range bind {
+		if !strings.Contains(entry, "{") {
+			return false // a header name (bind_headers): an absent header is the client's choice
+		}
+		if repl == nil {
+			repl = replacerOf(r)
+		}
+		if repl.ReplaceAll(entry, "") != stripPlaceholders(entry) {
+			return false // this one has a value
+		}
+	}
+	return true
+}
+
+// stripPlaceholders is entry without its placeholders: what it replaces to
+// when every one of them is empty.
+func stripPlaceholders(entry string) string {
+	var b strings.Builder
+	depth := 0
+	for _, c := range entry {
+		switch {
+		case c == '{':
+			depth++
+		case c == '}' && depth > 0:
+			depth--
+		case depth == 0:
+			b.WriteRune(c)
+		}
+	}
+	return b.String()
+}
+
+// refuseMissingIdentity answers a request that would bind a session to an
+// empty identity, with what the operator must fix.
+func (h *Handler) refuseMissingIdentity(w http.ResponseWriter, id string) {
+	h.logger.Error("session not bound: its bind placeholders are empty for this request; is the authentication handler before mcp_resume?",
+		zap.Strings("bind", h.binding()))
+	writeError(w, http.StatusInternalServerError, jsonrpc.CodeResumeDenied, id,
+		"mcp-resume: the session's identity (bind) is empty: the proxy is misconfigured")
 }
 
 func hasBearer(bind []string) bool {
@@ -190,10 +243,18 @@ func (h *Handler) rebindMode() policy.RebindMode {
 // does not, the client has its answer.
 func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string,
 	a policy.Access, b bound) (goOn bool, err error) {
-	verdict, refusal := h.askUpstream(r, next, sid, b.meta.Version)
+	verdict, answer := h.askUpstream(r, next, sid, b.meta, false)
 	offered := h.credential(r)
-	act := policy.DecideRebind(policy.RebindInput{Mode: h.rebindMode(), Verdict: verdict,
-		CredentialMatch: a.CredentialMatch, Bound: b.meta.Credential.Principal, Offered: offered.Principal, Kind: a.Kind})
+	in := policy.RebindInput{Mode: h.rebindMode(), Verdict: verdict, CredentialMatch: a.CredentialMatch,
+		Bound: b.meta.Credential.Principal, Offered: offered.Principal, Kind: a.Kind}
+	act := policy.DecideRebind(in)
+	if act == policy.Rebind && len(r.Header.Values("Authorization")) > 0 {
+		// Before a token takes a session over, make sure the upstream
+		// verifies tokens at all: one that accepts none accepts forged ones.
+		anon, _ := h.askUpstream(r, next, sid, b.meta, true)
+		in.AnonymousAccepted = anon == policy.Accepted
+		act = policy.DecideRebind(in)
+	}
 	credentialChecks.WithLabelValues(act.String()).Inc()
 	fields := []zap.Field{zap.String("session", sid), zap.String("method", r.Method), zap.String("outcome", act.String())}
 	switch act {
@@ -201,7 +262,12 @@ func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return true, nil
 	case policy.Rebind:
 		if b.sess != nil {
-			if err := b.sess.Rebind(offered); err != nil {
+			switch err := b.sess.Rebind(offered); {
+			case errors.Is(err, buffer.ErrSessionGone):
+				// Ended meanwhile (its DELETE, the upstream's 404): the
+				// request goes to the upstream, which answers for itself.
+				return false, next.ServeHTTP(w, r)
+			case err != nil:
 				h.logger.Warn("session not rebound: the store could not record it", append(fields, zap.Error(err))...)
 				return false, h.refuse(w, "", "unavailable", "the retention store is unavailable; retry later", 5)
 			}
@@ -210,8 +276,8 @@ func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		return true, nil
 	case policy.RelayRefusal:
 		h.logger.Info("credential refused by the upstream: its answer goes to the client",
-			append(fields, zap.Int("status", refusal.status))...)
-		refusal.relay(w)
+			append(fields, zap.Int("status", answer.status))...)
+		answer.relay(w)
 		return false, nil
 	case policy.DenyPrincipal:
 		credentialRejections.Inc()
@@ -220,15 +286,11 @@ func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			"credentials name another principal than the session's")
 	case policy.DenyUnverifiable:
 		credentialRejections.Inc()
-		h.logger.Warn("changed credential refused: the proxy cannot tell it names the session's principal (not a JWT); rebind upstream trusts the upstream for that", fields...)
+		h.logger.Warn("changed credential refused: the proxy cannot tell it names the session's principal (not a JWT, or an upstream that verifies no token); rebind upstream trusts the upstream for opaque tokens", append(fields, zap.Bool("upstream_accepts_no_token", in.AnonymousAccepted))...)
 		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
-			"the credential changed and the proxy cannot tell it names the session's principal (not a JWT; see rebind)")
-	case policy.EndLost:
-		h.logger.Info("the upstream no longer knows the session", fields...)
-		h.zone.store.Delete(sid, policy.ReasonDeleted)
-		return false, next.ServeHTTP(w, r)
+			"the credential changed and the proxy cannot tell it names the session's principal (see rebind)")
 	default: // Unavailable
-		h.logger.Warn("credential not checked: the upstream gave no verdict", fields...)
+		h.logger.Warn("credential not checked: the upstream gave no verdict", append(fields, zap.Int("status", answer.status))...)
 		w.Header().Set("Retry-After", "1")
 		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, "",
 			"mcp-resume: the upstream could not check the request's credentials; retry")
@@ -238,14 +300,24 @@ func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 
 var pingIDs atomic.Uint64
 
-// askUpstream sends a JSON-RPC ping on the session to the upstream, with
-// the request's headers (its credentials among them), and reads the
-// upstream's verdict. A refusal comes back whole, for the client.
-func (h *Handler) askUpstream(r *http.Request, next caddyhttp.Handler, sid, version string) (policy.Verdict, *recorded) {
+// askUpstream sends a JSON-RPC ping on the session to the upstream, on the
+// endpoint the session began on (never the request's own path: any path
+// under the route reaches this handler, and another endpoint's answer says
+// nothing of the session), with the request's headers (its credentials
+// among them, or none when anonymous), and reads the upstream's verdict. A
+// refusal comes back whole, for the client.
+func (h *Handler) askUpstream(r *http.Request, next caddyhttp.Handler, sid string, meta buffer.SessionMeta,
+	anonymous bool) (policy.Verdict, *recorded) {
 	body := []byte(`{"jsonrpc":"2.0","id":"mcp-resume-check-` + strconv.FormatUint(pingIDs.Add(1), 10) + `","method":"ping"}`)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), vouchTimeout)
 	defer cancel()
 	req := r.Clone(ctx)
+	if meta.Endpoint != "" {
+		if u, err := url.ParseRequestURI(meta.Endpoint); err == nil {
+			req.URL.Path, req.URL.RawPath, req.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
+			req.RequestURI = meta.Endpoint
+		}
+	}
 	req.Method = http.MethodPost
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -253,12 +325,19 @@ func (h *Handler) askUpstream(r *http.Request, next caddyhttp.Handler, sid, vers
 	for _, name := range []string{hdrLastEventID, "Accept-Encoding", "Content-Length", "Transfer-Encoding"} {
 		req.Header.Del(name)
 	}
+	if anonymous {
+		req.Header.Del("Authorization")
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
-	if req.Header.Get(hdrVersion) == "" && version >= "2025-06-18" {
-		req.Header.Set(hdrVersion, version)
+	if req.Header.Get(hdrVersion) == "" && meta.Version >= "2025-06-18" {
+		req.Header.Set(hdrVersion, meta.Version)
 	}
-	rec := &recorded{header: http.Header{}}
+	rec := &recorded{header: http.Header{}, accepted: func() {
+		// The verdict is in; a body that does not end soon (a stream the
+		// upstream holds open) is not waited for.
+		time.AfterFunc(acceptedGrace, cancel)
+	}}
 	err := func() (err error) {
 		defer func() {
 			if p := recover(); p == http.ErrAbortHandler {
@@ -283,11 +362,15 @@ func (h *Handler) askUpstream(r *http.Request, next caddyhttp.Handler, sid, vers
 	return policy.Unverified, rec
 }
 
+// acceptedGrace is how long the body of an accepted check may take to end.
+const acceptedGrace = time.Second
+
 // recorded is the upstream's answer to a credential check.
 type recorded struct {
-	header http.Header
-	status int
-	body   []byte
+	header   http.Header
+	status   int
+	body     []byte
+	accepted func() // called once a 2xx status arrives
 }
 
 func (rc *recorded) Header() http.Header { return rc.header }
@@ -295,12 +378,15 @@ func (rc *recorded) Header() http.Header { return rc.header }
 func (rc *recorded) WriteHeader(status int) {
 	if rc.status == 0 && status >= 200 {
 		rc.status = status
+		if status/100 == 2 && rc.accepted != nil {
+			rc.accepted()
+		}
 	}
 }
 
 func (rc *recorded) Write(p []byte) (int, error) {
 	if rc.status == 0 {
-		rc.status = http.StatusOK
+		rc.WriteHeader(http.StatusOK)
 	}
 	if room := maxRefusalBody - len(rc.body); room > 0 {
 		rc.body = append(rc.body, p[:min(len(p), room)]...)
@@ -315,7 +401,8 @@ func (rc *recorded) Flush() {}
 func (rc *recorded) relay(w http.ResponseWriter) {
 	for k, v := range rc.header {
 		switch k {
-		case "Content-Length", "Transfer-Encoding", "Connection", hdrSessionID:
+		case "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive", "Upgrade", "Trailer",
+			"Proxy-Connection", "Te", hdrSessionID:
 			continue
 		}
 		w.Header()[k] = v

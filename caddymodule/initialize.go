@@ -30,6 +30,10 @@ func (h *Handler) serveInitialize(w http.ResponseWriter, r *http.Request, next c
 			"mcp-resume: too many sessions (max_sessions); retry later")
 		return nil
 	}
+	if (asked == "" || resumable(asked)) && h.identityMissing(r) {
+		h.refuseMissingIdentity(w, jsonrpc.CanonicalID(call.ID))
+		return nil
+	}
 	up := r.Clone(r.Context())
 	up.Header.Del("Accept-Encoding") // the response is read here
 	iw := &initWriter{

@@ -85,6 +85,11 @@ func (t *upstreamTap) standaloneRequest(r *http.Request) *http.Request {
 // standalone stream follows live. Otherwise the upstream's answer (typically
 // 404: re-initialize) goes to the client.
 func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid, lastID string, reason policy.Reason) error {
+	if h.identityMissing(r) {
+		h.logger.Warn("session not adopted: its bind placeholders are empty for this request; passed through",
+			zap.String("session", sid))
+		return next.ServeHTTP(w, r)
+	}
 	version := r.Header.Get(hdrVersion)
 	if version == "" {
 		version = defaultVersion

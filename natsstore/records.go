@@ -24,6 +24,7 @@ type sessionRecord struct {
 	Bind        []string             `json:"bind,omitempty"`
 	Credential  []byte               `json:"cred,omitempty"` // the bearer binding's token hash
 	Principal   []byte               `json:"prn,omitempty"`  // and its principal's, when known
+	Endpoint    string               `json:"ep,omitempty"`   // the path the session began on
 	Origin      policy.SessionOrigin `json:"origin"`
 	Confirmed   bool                 `json:"confirmed,omitempty"` // an Adopted session a resume has proved
 	Created     int64                `json:"created"`             // unix nanos
@@ -41,7 +42,7 @@ func (r *sessionRecord) origin() policy.SessionOrigin {
 }
 
 func (r *sessionRecord) meta() buffer.SessionMeta {
-	m := buffer.SessionMeta{Version: r.Version, Bind: r.Bind, Origin: r.origin()}
+	m := buffer.SessionMeta{Version: r.Version, Bind: r.Bind, Endpoint: r.Endpoint, Origin: r.origin()}
 	copy(m.Fingerprint[:], r.Fingerprint)
 	copy(m.Credential.Hash[:], r.Credential)
 	m.Credential.Principal.Known = copy(m.Credential.Principal.Hash[:], r.Principal) > 0

@@ -108,7 +108,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	defer cancel()
 	now := time.Now().UnixNano()
 	rec := &sessionRecord{ID: id, Epoch: eventid.NewEpoch(st.key, id), Version: meta.Version,
-		Fingerprint: meta.Fingerprint[:], Bind: meta.Bind, Origin: meta.Origin,
+		Fingerprint: meta.Fingerprint[:], Bind: meta.Bind, Endpoint: meta.Endpoint, Origin: meta.Origin,
 		Created: now, LastActive: now, NextStream: 1}
 	rec.setCredential(meta.Credential)
 	tomb, tombRev, hasTomb := st.tombs.lookup(ctx, sh)
@@ -295,7 +295,7 @@ func (st *Store) ending(ctx context.Context, rec *sessionRecord, reason policy.R
 	}
 	meta := rec.meta()
 	e.tomb = &tombRecord{ID: rec.ID, Tombstone: buffer.Tombstone{Past: past, Fingerprint: meta.Fingerprint,
-		Bind: rec.Bind, Credential: meta.Credential, Version: rec.Version, Ended: time.Now(), Earlier: earlier}}
+		Bind: rec.Bind, Credential: meta.Credential, Endpoint: rec.Endpoint, Version: rec.Version, Ended: time.Now(), Earlier: earlier}}
 	return e
 }
 

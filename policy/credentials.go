@@ -108,7 +108,7 @@ type Verdict uint8
 const (
 	Accepted    Verdict = iota // 2xx
 	Refused                    // 401 or 403: the client must refresh or step up
-	SessionLost                // 404: the upstream no longer knows the session
+	SessionLost                // 404: the upstream does not know the session (or the endpoint)
 	Unverified                 // anything else: the upstream could not say
 )
 
@@ -124,7 +124,10 @@ type RebindInput struct {
 	Verdict         Verdict
 	CredentialMatch bool      // the request's credential is the bound one (a recheck, not a rotation)
 	Bound, Offered  Principal // the principal of the bound credential, and of the request's
-	Kind            RequestKind
+	// AnonymousAccepted: the upstream accepted the same check with no
+	// credential at all, so it verifies none and no claim means anything.
+	AnonymousAccepted bool
+	Kind              RequestKind
 }
 
 // RebindAction is DecideRebind's answer.
@@ -136,19 +139,19 @@ const (
 	RelayRefusal                         // give the client the upstream's answer unchanged (its 401 makes SDK clients refresh)
 	DenyPrincipal                        // 403: the credential names another principal
 	DenyUnverifiable                     // 403: the proxy cannot tell the principal (an opaque token under RebindSubject)
-	EndLost                              // the upstream lost the session: end it here, then forward
 	Unavailable                          // 503: the upstream could not vouch now; retry
 )
 
 func (a RebindAction) String() string {
 	return [...]string{"accepted", "rebound", "refused_upstream", "refused_principal", "refused_unverifiable",
-		"session_lost", "unverified"}[a]
+		"unverified"}[a]
 }
 
 // DecideRebind decides what a request Authorize sent to the upstream for
 // vouching gets, from the upstream's verdict and what the proxy can tell of
 // the principals. The upstream's refusal always reaches the client as the
-// upstream gave it. A credential the upstream accepted takes the session
+// upstream gave it; its 404 too, and the session is not ended for it: only
+// a request the binding let through may end a session. A credential the upstream accepted takes the session
 // over only if it names the bound principal; when the proxy cannot tell
 // (opaque tokens), only RebindUpstream trusts the upstream's word, since an
 // upstream that does not bind its sessions to users accepts anyone's valid
@@ -156,17 +159,16 @@ func (a RebindAction) String() string {
 // would run in the owner's session.
 func DecideRebind(in RebindInput) RebindAction {
 	switch in.Verdict {
-	case Refused:
+	case Refused, SessionLost:
 		return RelayRefusal
-	case SessionLost:
-		return EndLost
 	case Unverified:
 		return Unavailable
 	}
-	if in.CredentialMatch {
-		return Proceed // the bound credential, accepted again
-	}
 	switch {
+	case in.CredentialMatch:
+		return Proceed // the bound credential, accepted again
+	case in.AnonymousAccepted:
+		return DenyUnverifiable // the upstream verifies nothing: claims are anyone's to write
 	case in.Bound.Known && in.Offered.Known && in.Bound.Hash == in.Offered.Hash:
 		return Rebind
 	case in.Bound.Known && in.Offered.Known:

@@ -132,7 +132,7 @@ func testAdoptedShare(t *testing.T, e *env) {
 
 func testDeleteSession(t *testing.T, e *env) {
 	st := e.store(BigLimits())
-	meta := buffer.SessionMeta{Version: "2025-11-25", Fingerprint: [32]byte{9, 9}, Bind: []string{"X-Api-Key", "bearer"},
+	meta := buffer.SessionMeta{Version: "2025-11-25", Fingerprint: [32]byte{9, 9}, Bind: []string{"X-Api-Key", "bearer"}, Endpoint: "/mcp?t=1",
 		Credential: buffer.Credential{Hash: [32]byte{4}, Principal: policy.Principal{Known: true, Hash: [32]byte{5}}}}
 	s, err := st.CreateSession("s1", meta)
 	if err != nil {
@@ -173,7 +173,7 @@ func testDeleteSession(t *testing.T, e *env) {
 	}
 	tomb, ok := st.Tombstone("s1")
 	if !ok || tomb.Reason != policy.ReasonDeleted || tomb.Epoch != s.Epoch() || tomb.Fingerprint != meta.Fingerprint ||
-		tomb.Version != "2025-11-25" || !reflect.DeepEqual(tomb.Bind, meta.Bind) || tomb.Credential != meta.Credential {
+		tomb.Version != "2025-11-25" || !reflect.DeepEqual(tomb.Bind, meta.Bind) || tomb.Credential != meta.Credential || tomb.Endpoint != meta.Endpoint {
 		t.Fatalf("tombstone %+v, %v", tomb, ok)
 	}
 	// It remembers the requests whose answers the client may lack.

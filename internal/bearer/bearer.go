@@ -6,6 +6,7 @@
 package bearer
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"strings"
@@ -32,16 +33,53 @@ func Subject(authorization string) (iss, sub string, ok bool) {
 	if err != nil {
 		return "", "", false
 	}
-	var claims struct {
-		Iss any `json:"iss"`
-		Sub any `json:"sub"`
-	}
-	if json.Unmarshal(payload, &claims) != nil {
+	iss, sub, ok = claims(payload)
+	if !ok || sub == "" {
 		return "", "", false
 	}
-	iss, _ = claims.Iss.(string)
-	sub, _ = claims.Sub.(string)
-	if sub == "" {
+	return iss, sub, true
+}
+
+// claims reads iss and sub from a JWT's claims set as the verifiers that
+// read claims as a map do: exact member names. A set that names either
+// twice, or not as a string, is refused: parsers disagree on which one
+// counts, and the proxy must read the principal the upstream verified.
+func claims(payload []byte) (iss, sub string, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return "", "", false
+	}
+	var seenIss, seenSub bool
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return "", "", false
+		}
+		name, _ := t.(string)
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return "", "", false
+		}
+		var dst *string
+		switch name {
+		case "iss":
+			if seenIss {
+				return "", "", false
+			}
+			seenIss, dst = true, &iss
+		case "sub":
+			if seenSub {
+				return "", "", false
+			}
+			seenSub, dst = true, &sub
+		default:
+			continue
+		}
+		if json.Unmarshal(raw, dst) != nil {
+			return "", "", false
+		}
+	}
+	if t, err := dec.Token(); err != nil || t != json.Delim('}') || int(dec.InputOffset()) != len(bytes.TrimRight(payload, " \t\r\n")) {
 		return "", "", false
 	}
 	return iss, sub, true

@@ -50,3 +50,27 @@ func FuzzSubject(f *testing.F) {
 		}
 	})
 }
+
+// Claim names are exact, as verifiers that read claims as a map see them,
+// and a claims set naming iss or sub twice names nobody.
+func TestSubjectReadsExactClaimNames(t *testing.T) {
+	for _, c := range []struct {
+		payload, sub string
+		ok           bool
+	}{
+		{`{"iss":"https://as","sub":"mallory","Sub":"alice"}`, "mallory", true},
+		{`{"iss":"https://as","sub":"mallory","SUB":"alice"}`, "mallory", true},
+		{`{"ISS":"https://as","Sub":"alice"}`, "", false},
+		{`{"sub":"alice","sub":"mallory"}`, "", false},
+		{`{"sub":"alice","iss":"a","iss":"b"}`, "", false},
+		{`{"sub":"alice","iss":7}`, "", false},
+		{`{"sub":"al\u0069ce","nested":{"sub":"x"}}`, "alice", true},
+		{`{"sub":"alice"} trailing`, "", false},
+		{` {"sub":"alice"} `, "alice", true},
+	} {
+		_, sub, ok := Subject("Bearer " + jwt(c.payload))
+		if sub != c.sub || ok != c.ok {
+			t.Errorf("%s: Subject = %q, %v; want %q, %v", c.payload, sub, ok, c.sub, c.ok)
+		}
+	}
+}

@@ -1,7 +1,8 @@
 package security
 
-// Review 19 (bind/rebind): attacks on the credential check the upstream
-// vouches for. Each test is a finding: it fails until the module is fixed.
+// Attacks on the credential check the upstream vouches for (bind bearer):
+// the check's path, forged and odd tokens, upstreams that verify nothing or
+// answer oddly, and bindings that come out empty.
 
 import (
 	"bytes"
@@ -62,13 +63,12 @@ func aliceWithJWT(t *testing.T, extra func(mux *http.ServeMux)) (*harness.Caddy,
 	return caddy, iss, alice, x.events[0].ID, secret
 }
 
-// FINDING (high): the credential check's ping goes to the request's own
-// path, which the client chooses anywhere under the route (route /mcp*).
-// A request naming alice's session on a path the upstream 404s (/mcpx)
-// gets the upstream's 404 for the ping, which the proxy reads as "the
-// upstream lost the session" (EndLost) and deletes alice's session and its
-// log. Mallory needs alice's session ID only: no token at all.
-func TestReview19PingPathOfTheRequestEndsTheSession(t *testing.T) {
+// Any path under the route (route /mcp*) reaches the proxy: the credential
+// check asks the endpoint the session began on, never the request's own
+// path, and an upstream 404 to it ends nothing. A request naming alice's
+// session on a path the upstream 404s (/mcpx) with any token once deleted
+// her session.
+func TestARequestOnAnotherPathCannotEndTheSession(t *testing.T) {
 	caddy, _, alice, cursor, _ := aliceWithJWT(t, nil)
 	mallory := at(alice.WithHeader(cred("Authorization", "Bearer mallory-junk")), caddy.Base()+"/mcpx")
 	x, err := finish(mallory.Resume(t.Context(), cursor))
@@ -85,15 +85,14 @@ func TestReview19PingPathOfTheRequestEndsTheSession(t *testing.T) {
 	}
 }
 
-// FINDING (high): same root cause, other verdict. The upstream serves an
-// unauthenticated endpoint under the route's prefix (here /mcp-health,
-// 200 to any POST). Mallory's GET /mcp-health with alice's session ID, a
+// The same, for an unauthenticated endpoint of the upstream under the
+// route's prefix (here /mcp-health, 200 to any POST): it once vouched. Mallory's GET /mcp-health with alice's session ID, a
 // cursor and a forged unsigned JWT naming alice's iss and sub: the ping
 // goes to /mcp-health, gets 200 ("accepted"), the claims match, the
 // session is rebound to mallory's forged token and alice's log is
 // replayed to mallory; from then on the forged token is the bound one on
 // /mcp too (a resume under the bound token is answered without asking).
-func TestReview19PingPathOfTheRequestVouchesForAForgedJWT(t *testing.T) {
+func TestAnotherPathCannotVouchForAForgedJWT(t *testing.T) {
 	caddy, iss, alice, cursor, secret := aliceWithJWT(t, func(mux *http.ServeMux) {
 		mux.HandleFunc("/mcp-health", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
@@ -120,19 +119,14 @@ func TestReview19PingPathOfTheRequestVouchesForAForgedJWT(t *testing.T) {
 	noLeak(t, "mallory", append(x.body, y.body...), secret)
 }
 
-// FINDING (medium; documentation at least): an upstream that does not
-// verify tokens (the demo server with no auth, an upstream behind a
+// An upstream that does not verify tokens (the demo server with no auth, an upstream behind a
 // gateway that strips nothing, an upstream that only authorizes tools)
 // answers the ping 200 for any token. Then the iss/sub check reads claims
 // nobody verified: a forged unsigned JWT naming alice's iss and sub takes
 // her session over and reads her log. Before the change the raw-token
-// binding refused it; the README says "the upstream has just checked its
-// signature" but never that bind bearer's protection of JWT sessions
-// requires an upstream that verifies them. A possible fix: before trusting
-// claims, check that the upstream refuses the ping with no credential
-// (or refuse rebind when the session's own initialize was not preceded by
-// the upstream ever answering 401).
-func TestReview19UnverifyingUpstreamForgedJWT(t *testing.T) {
+// binding refused it; now the proxy trusts claims only once the upstream
+// refused the same check with no credential at all.
+func TestForgedJWTsGetNothingFromAnUpstreamThatVerifiesNone(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
 	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
 	const issuer = "https://as.example.test"
@@ -186,13 +180,13 @@ func rotated(t *testing.T, answer http.HandlerFunc) (*harness.Caddy, *mcptest.Cl
 	return caddy, alice.WithHeader(cred("Authorization", "Bearer "+iss.Mint("alice", time.Hour))), x.events[0].ID
 }
 
-// FINDING (low): an upstream that answers the ping 200 at once but as an
+// An upstream that answers the ping 200 at once but as an
 // SSE stream it does not end (or ends late: a slow server that keeps the
 // POST stream open for server-to-client requests, a keep-alive comment
 // stream) holds the client's rotated-token request for the whole
-// vouchTimeout (10 s), then the proxy takes the 200 as accepted anyway:
-// the verdict was known when the status arrived.
-func TestReview19PingAcceptedButStreamNeverEnds(t *testing.T) {
+// vouchTimeout (10 s) before: the verdict is known when the status
+// arrives, and the body gets a second to end.
+func TestAnAcceptedCheckIsNotHeldByItsStream(t *testing.T) {
 	_, alice, cursor := rotated(t, func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
@@ -212,9 +206,9 @@ func TestReview19PingAcceptedButStreamNeverEnds(t *testing.T) {
 	}
 }
 
-// What held up: a ping the upstream never answers costs the client the
+// A ping the upstream never answers costs the client the
 // vouchTimeout (10 s), not more, and gets 503 with Retry-After.
-func TestReview19PingNeverAnswered(t *testing.T) {
+func TestAnUnansweredCheckCostsItsTimeoutThen503(t *testing.T) {
 	_, alice, cursor := rotated(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	start := time.Now()
 	x, err := finish(alice.Resume(t.Context(), cursor))
@@ -230,7 +224,7 @@ func TestReview19PingNeverAnswered(t *testing.T) {
 
 // The relayed refusal: hop-by-hop and session headers must not pass;
 // a body over 64 KiB is cut with a Content-Length that matches.
-func TestReview19RelayedRefusal(t *testing.T) {
+func TestTheRelayedRefusalCarriesNoHopByHopHeaders(t *testing.T) {
 	big := strings.Repeat("x", 100<<10)
 	_, alice, cursor := rotated(t, func(w http.ResponseWriter, r *http.Request) {
 		h := w.Header()
@@ -268,40 +262,46 @@ func TestReview19RelayedRefusal(t *testing.T) {
 	}
 }
 
-// FINDING (medium): bind {http.auth.user.id} with no authentication handler
-// before mcp_resume (wrong order, auth in another route, a typo in the
-// placeholder name) replaces to "" for everyone: every session is bound to
-// the empty identity and, bearer not being in the list, anyone holding a
-// session ID reads its log. The proxy should refuse to bind a session to
-// an identity whose placeholders all came out empty (or at least log it
-// loudly at initialize); nothing warns today.
-func TestReview19EmptyIdentityBindsEveryone(t *testing.T) {
+// bind {http.auth.user.id} with no authentication handler before
+// mcp_resume (wrong order, auth in another route, a misspelt placeholder)
+// replaces to "" for everyone: a session bound to that would be anyone's.
+// The proxy binds no session to an empty identity: initialize gets a 500
+// with a JSON-RPC error naming bind (and reaches no upstream), a POST that
+// would adopt a session passes through without adopting it.
+func TestAnEmptyIdentityBindsNoSession(t *testing.T) {
 	for _, bind := range []string{"{http.auth.user.id}", "{http.auth.user.idd}"} {
 		t.Run(bind, func(t *testing.T) {
 			upstream := harness.StartDemo(t, demoserver.Options{})
 			caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, "bind "+bind))
-			alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer alice")))
-			x := must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "p"))
-			if len(x.events) < 3 {
-				t.Fatalf("alice's call: %s", x)
-			}
-			y, err := finish(alice.WithHeader(cred("Authorization", "Bearer mallory")).Resume(t.Context(), x.events[0].ID))
+			alice := newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer alice"))
+			x, err := finish(alice.Do(t.Context(), "POST", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"a","version":"1"}}}`, nil))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(y.events) > 0 {
-				t.Errorf("bind %s with no authentication before it: mallory reads alice's log: %s", bind, y)
+			rpcError(t, x, http.StatusInternalServerError)
+			if !strings.Contains(string(x.body), "bind") || x.header.Get("Mcp-Session-Id") != "" {
+				t.Fatalf("initialize with an empty identity: %s", x)
+			}
+			// A session the proxy does not hold, named on a POST: passed
+			// through (the demo upstream does not know it), never adopted.
+			y, err := finish(alice.Do(t.Context(), "POST", mcptest.CallBody(2, "echo", map[string]any{"text": "x"}, "p"),
+				http.Header{"Mcp-Session-Id": {"made-up-session"}}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, held := adminSession(t, caddy, "made-up-session"); held {
+				t.Fatalf("a session was adopted under an empty identity: %s", y)
 			}
 		})
 	}
 }
 
-// What held up: on the MCP endpoint of an upstream that verifies tokens,
+// On the MCP endpoint of an upstream that verifies tokens,
 // nothing of alice's log goes to another subject's valid JWT, a JWT with
 // alice's sub from another issuer or with a bad signature, two
 // Authorization headers, odd schemes and whitespace, or a token in another
 // header; alice's own refreshed token in lowercase "bearer" is rebound.
-func TestReview19OddCredentialsOnTheRealEndpoint(t *testing.T) {
+func TestOddCredentialsGetNothing(t *testing.T) {
 	caddy, iss, alice, cursor, _ := aliceWithJWT(t, nil)
 	other := mcptest.NewJWTIssuer("https://evil.example.test")
 	bob := iss.Mint("bob", time.Hour)

@@ -2,12 +2,12 @@ package caddymodule
 
 import "testing"
 
-// FINDING (low): caddy validate takes bind values that can never bind
+// caddy validate refuses bind values that can never bind
 // anyone: a placeholder with its closing brace missing (a literal, the
 // same for every request), a "placeholder" that is only braces, and a
 // rebind mode for a binding without bearer (rebind never applies: a
 // silently dead option). Each should be a validation error naming it.
-func TestReview19BindValuesThatBindNobody(t *testing.T) {
+func TestBindValuesThatBindNobodyAreInvalid(t *testing.T) {
 	for _, h := range []Handler{
 		{Bind: []string{"{http.auth.user.id"}},
 		{Bind: []string{"http.auth.user.id}"}},
