@@ -29,8 +29,9 @@ type Store struct {
 	names      names
 	key        []byte
 	counters   buffer.Counters
-	maxPayload int64
-	batchMax   int
+	maxPayload int64 // the largest message the servers take
+	batchMax   int   // the largest batch of events stored as one message
+	partRoom   int   // the largest payload of a message: an event larger is stored in parts
 
 	sessions *mirror[sessionRecord]
 	streams  *mirror[streamRecord]
@@ -104,14 +105,22 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := st.connect(); err != nil {
 		return nil, err
 	}
-	st.maxPayload = st.nc.MaxPayload()
-	st.batchMax = int(min(int64(opts.BatchBytes), st.maxPayload-headerRoom))
-	if st.batchMax < 4<<10 {
-		return nil, fmt.Errorf("natsstore: the server's max_payload (%d) is too small", st.maxPayload)
-	}
 	if err := st.provision(ctx); err != nil {
 		return nil, err
 	}
+	// An event of any size is stored, in parts if it exceeds one message;
+	// only a message too small for a batch's headers and a useful part is
+	// refused.
+	st.maxPayload = st.nc.MaxPayload()
+	if m := st.events.CachedInfo().Config.MaxMsgSize; m > 0 {
+		st.maxPayload = min(st.maxPayload, int64(m))
+	}
+	if st.maxPayload < headerRoom+minPartRoom {
+		return nil, fmt.Errorf("natsstore: the NATS servers take messages of at most %d bytes (max_payload, or the stream's max_msg_size); the store needs at least %d",
+			st.maxPayload, headerRoom+minPartRoom)
+	}
+	st.partRoom = int(st.maxPayload - headerRoom)
+	st.batchMax = min(opts.BatchBytes, st.partRoom)
 	if err := st.loadKey(ctx); err != nil {
 		return nil, err
 	}
@@ -325,9 +334,9 @@ func (st *Store) startMirrors(ctx context.Context) error {
 	return nil
 }
 
-// MaxPayload is the largest message the servers take: an event must fit
-// one (with its ID line), so max_event_bytes must stay below it.
-func (st *Store) MaxPayload() int64 { return st.maxPayload - headerRoom }
+// MaxPayload is the most event bytes one message takes: a larger event is
+// stored in several (see DESIGN.md, "Event size").
+func (st *Store) MaxPayload() int64 { return int64(st.partRoom) }
 
 // fault reports a failed NATS operation.
 func (st *Store) fault(op string, err error) {

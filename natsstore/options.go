@@ -110,6 +110,7 @@ const (
 	defaultBatchBytes    = 256 << 10
 	embeddedMaxPayload   = 64 << 20
 	headerRoom           = 64 << 10 // what a batch's headers may take of a message
+	minPartRoom          = 4 << 10  // the least payload a message must take besides headerRoom
 )
 
 func (o *Options) setDefaults() error {
