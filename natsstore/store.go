@@ -107,7 +107,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	now := time.Now().UnixNano()
-	rec := &sessionRecord{ID: id, Epoch: eventid.NewEpoch(st.key, id), Version: meta.Version,
+	rec := &sessionRecord{ID: id, Epoch: eventid.NewEpoch(st.Key(), id), Version: meta.Version,
 		Fingerprint: meta.Fingerprint[:], BindHeaders: meta.BindHeaders, Origin: meta.Origin,
 		Created: now, LastActive: now, NextStream: 1}
 	tomb, tombRev, hasTomb := st.tombs.lookup(ctx, sh)
