@@ -48,6 +48,9 @@ type StoreOptions struct {
 	// OnError is told of every failed operation of a store that can fail
 	// (a shared store), by operation.
 	OnError func(op string, err error)
+	// OnDataLost is told when a shared store found NATS without the zone's
+	// data and recreated it.
+	OnDataLost func(natsstore.DataLoss)
 	// OnPublish is told how long a shared store took to store a batch of
 	// events.
 	OnPublish func(took time.Duration, events int)
@@ -234,6 +237,7 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 		FailureSignals:  failureSignals,
 		OnError:         o.OnError,
 		OnPublish:       o.OnPublish,
+		OnDataLost:      o.OnDataLost,
 	}
 	if srv != nil {
 		opts.Server = srv.Server

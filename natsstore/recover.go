@@ -165,6 +165,17 @@ func (st *Store) recoverLost(missing []string) bool {
 			return // made again since (by a replica that recovered first): it lives
 		}
 		e := st.ending(ctx, rec, policy.ReasonProxyRestarted)
+		// The head of a live stream is known to its producer only (a
+		// record lags it, and the stored events are gone): a tombstone
+		// naming a lower head than a client was sent would refuse its
+		// resume (400). Another replica's stream is left to its producer
+		// (mergeTomb adds it); forgotten, its resume gets the gap and is
+		// held, as after a restart.
+		for num, v := range e.tomb.Past.Streams {
+			if v.State == policy.Live && !st.producesHere(streamKey(sh, rec.Epoch, num)) {
+				delete(e.tomb.Past.Streams, num)
+			}
+		}
 		loss.Sessions++
 		loss.Events += e.evicted
 		ended = append(ended, lost{sh, e.tomb})
@@ -177,7 +188,7 @@ func (st *Store) recoverLost(missing []string) bool {
 	st.tombs.reset()
 	// Earlier tombstones first, then the sessions just ended.
 	for _, l := range append(tombs, ended...) {
-		if err := st.tombs.put(ctx, l.sh, l.tomb); err != nil {
+		if err := st.mergeTomb(ctx, l.sh, l.tomb); err != nil {
 			st.fault("tombstone", err)
 		}
 	}
@@ -189,6 +200,16 @@ func (st *Store) recoverLost(missing []string) bool {
 		st.opts.OnDataLost(loss)
 	}
 	return true
+}
+
+// producesHere reports whether this replica produces the stream.
+func (st *Store) producesHere(key string) bool {
+	v, ok := st.byKey.Load(key)
+	if !ok {
+		return false
+	}
+	_, ok = v.(*stream).currentWriter().storedHead()
+	return ok
 }
 
 // watchesDown reports the mirrors' watches stopped (a recovery could not
@@ -204,5 +225,41 @@ func (st *Store) restartMirrors() {
 	defer cancel()
 	if err := st.startMirrors(ctx); err != nil {
 		st.fault("watch", err) // the next health check tries again
+	}
+}
+
+// mergeTomb writes a tombstone of the recovery, merged with one another
+// replica wrote for the same session: of each stream, the higher head
+// (the stream's producer knows what it stored; the others' records may
+// lag it, and a cursor past a tombstone's head is refused).
+func (st *Store) mergeTomb(ctx context.Context, sh string, t *tombRecord) error {
+	for round := 0; ; round++ {
+		_, err := st.tombs.create(ctx, sh, t)
+		if err == nil || !errors.Is(err, jetstream.ErrKeyExists) {
+			return err
+		}
+		_, err = st.tombs.update(ctx, sh, func(cur *tombRecord) error {
+			if cur.ID != t.ID || cur.Past.Epoch != t.Past.Epoch {
+				*cur = *t
+				return nil
+			}
+			changed := false
+			for num, v := range t.Past.Streams {
+				if c, ok := cur.Past.Streams[num]; ok && c.Head >= v.Head {
+					continue
+				}
+				if cur.Past.Streams == nil {
+					cur.Past.Streams = make(map[uint32]policy.StreamView)
+				}
+				cur.Past.Streams[num], changed = v, true
+			}
+			if !changed {
+				return errUnchanged
+			}
+			return nil
+		})
+		if !errors.Is(err, errNotFound) || round >= 5 {
+			return err
+		}
 	}
 }

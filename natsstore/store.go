@@ -273,6 +273,13 @@ func (st *Store) ending(ctx context.Context, rec *sessionRecord, reason policy.R
 			if last, err := st.lastMsg(ctx, st.names.subject(key)); err == nil && last != nil {
 				head = max(head, last.last())
 			}
+			// A producer here knows what it stored (the record may lag it;
+			// after a loss of NATS's data nothing else does).
+			if v, ok := st.byKey.Load(key); ok {
+				if h, ok := v.(*stream).currentWriter().storedHead(); ok {
+					head = max(head, h)
+				}
+			}
 			if srec.Kind == policy.RequestStream {
 				e.failed++
 			}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -196,4 +197,95 @@ func resultOf(t *testing.T, evs []mcptest.Event, id string) string {
 		}
 	}
 	return ""
+}
+
+// restartEmpty kills the server and starts it again on the same port with
+// an empty store directory: a container without a persistent volume.
+func (n *natsProcess) restartEmpty() {
+	n.stop()
+	if err := os.RemoveAll(n.dir); err != nil {
+		n.t.Fatal(err)
+	}
+	if err := os.MkdirAll(n.dir, 0o700); err != nil {
+		n.t.Fatal(err)
+	}
+	n.start()
+}
+
+// NATS restarted with an empty store directory while a call runs: both
+// replicas notice, recreate the zone's stream, buckets and secret, say so
+// (an ERROR line, store_data_lost_total), and serve again (store_up 1,
+// initialize and calls work); the running call's response ends, and its
+// resume, on the other replica, gets the gap and a JSON-RPC error for the
+// call: never a 400 or a response held in silence.
+func TestNATSBackWithoutItsData(t *testing.T) {
+	ns := startNATSProcess(t)
+	d := deploy(t, 2, storeNATS([]string{ns.url()}, ""), demoserver.Options{})
+	a, b := d.replicas[0], d.replicas[1]
+
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": 100, "interval_ms": 100})
+	if resp.StatusCode != 200 {
+		t.Fatalf("call: %d", resp.StatusCode)
+	}
+	evs := harness.ReadEvents(t, resp, 3) // the priming event and two notifications
+	lastID := evs[len(evs)-1].ID
+
+	ns.restartEmpty()
+	for _, r := range d.replicas {
+		harness.WaitFor(t, 30*time.Second, "replica "+r.name+" to count the lost data", func() bool {
+			m, err := mcptest.ScrapeMetrics(r.admin() + "/metrics")
+			if err != nil {
+				return false
+			}
+			v, _ := m.Sum("caddy_mcp_resume_store_data_lost_total")
+			return v >= 1
+		})
+		r.waitStoreUp(t, 1)
+		if !strings.Contains(r.Logs(), "shared store lost its data") {
+			t.Fatalf("replica %s logged no loss", r.name)
+		}
+	}
+	// The running call's response ends (its session ended with the data).
+	rest, err := mcptest.ReadEvents(resp.Body, 0, 20*time.Second)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("the running call's response did not end: %v (%d events)", err, len(rest))
+	}
+	for _, ev := range rest {
+		if ev.ID != "" {
+			lastID = ev.ID
+		}
+	}
+
+	// Its resume on B: the gap, and an error for the call.
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	resp = cb.Resume(lastID)
+	if resp.StatusCode != 200 {
+		t.Fatalf("resume of the lost stream: %d, want 200 with the gap", resp.StatusCode)
+	}
+	evs, err = mcptest.ReadEvents(resp.Body, 0, 20*time.Second)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("the resume did not end: %v (%d events)", err, len(evs))
+	}
+	failed := false
+	for _, ev := range evs {
+		if m, err := mcptest.DecodeMessage(ev.Data); err == nil && string(m.ID) == "2" && m.Error != nil {
+			failed = true
+		}
+	}
+	if !failed {
+		t.Fatalf("the resume got no JSON-RPC error for the call: %+v", evs)
+	}
+
+	// New sessions and calls work on both replicas.
+	for _, r := range d.replicas {
+		c := harness.NewSession(t, "http://"+r.addr(), "2025-11-25")
+		evs := c.CallToEnd(1, "count", map[string]any{"n": 3, "interval_ms": 10})
+		if len(evs) == 0 || !strings.Contains(evs[len(evs)-1].Data, "counted to 3") {
+			t.Fatalf("replica %s: a call after the loss: %+v", r.name, evs)
+		}
+	}
 }
