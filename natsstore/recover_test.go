@@ -62,11 +62,17 @@ func TestNATSBackWithoutItsData(t *testing.T) {
 			t.Fatalf("the tombstone does not remember the call's stream: %+v", tomb.Past)
 		}
 	}
-	mu.Lock()
-	got := append([]DataLoss(nil), losses...)
-	mu.Unlock()
-	if len(got) == 0 || got[0].Sessions != 1 || got[0].SecretChanged {
-		t.Fatalf("OnDataLost told %+v", got)
+	var got []DataLoss
+	waitUntil(t, "both replicas to tell the loss", 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append([]DataLoss(nil), losses...)
+		return len(got) == 2
+	})
+	for _, l := range got {
+		if l.Sessions != 1 || l.SecretChanged || len(l.Missing) == 0 {
+			t.Fatalf("OnDataLost told %+v", got)
+		}
 	}
 	// New sessions work, on both, and each sees the other's.
 	s2, err := b.CreateSession("after", buffer.SessionMeta{})
