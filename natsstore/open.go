@@ -151,6 +151,10 @@ func (st *Store) connect() error {
 		nats.MaxReconnects(-1), // forever, in the background
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(false),
+		// Asynchronous errors (a watch's consumer gone while NATS lacks the
+		// zone's buckets, a permission refused) are failed operations like
+		// any other, not lines on stderr.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { st.fault("async", err) }),
 	}
 	switch {
 	case o.Server != nil:
