@@ -37,6 +37,8 @@ var (
 		"Requests refused with 503 because the zone's store could not take them, by reason: connecting (a shared store not connected yet), unavailable (it lost its connection), draining (this process is stopping).", "reason")
 	storeErrors = newCounterVec("store_errors_total",
 		"Failed operations of a shared store (NATS JetStream), by zone and operation. Publishes into a full JetStream stream count here too (op publish): that is backpressure, retried.", "zone", "op")
+	storeDataLost = newCounterVec("store_data_lost_total",
+		"Times a shared store found NATS without the zone's data (a server back with an empty store directory) and recreated it, by zone: what it retained is lost; resumes of its streams get gaps.", "zone")
 	storePublish = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: namespace, Subsystem: subsystem, Name: "store_publish_seconds",
 		Help:    "How long a shared store (JetStream) took to acknowledge a batch of events, retries included: the latency the store adds before events reach clients.",
@@ -168,7 +170,7 @@ func registerMetrics(reg *prometheus.Registry) error {
 		return nil
 	}
 	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, upstreamReconnects, untapped, replayed,
-		retriesServed, credentialRejections, credentialChecks, storeRefusals, storeErrors, storePublish, stallSeconds, storeCollector{}} {
+		retriesServed, credentialRejections, credentialChecks, storeRefusals, storeErrors, storeDataLost, storePublish, stallSeconds, storeCollector{}} {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {

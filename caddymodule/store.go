@@ -48,11 +48,15 @@ type StoreOptions struct {
 	// OnError is told of every failed operation of a store that can fail
 	// (a shared store), by operation.
 	OnError func(op string, err error)
+	// OnDataLost is told when a shared store found NATS without the zone's
+	// data and recreated it.
+	OnDataLost func(natsstore.DataLoss)
 	// OnPublish is told how long a shared store took to store a batch of
 	// events.
 	OnPublish func(took time.Duration, events int)
-	// MaxEventBytes is the handler's max_event_bytes: a shared store must
-	// take such an event in one message.
+	// MaxEventBytes is the handler's max_event_bytes: the largest event a
+	// store must take (a shared store takes one larger than a message in
+	// parts).
 	MaxEventBytes int64
 }
 
@@ -233,6 +237,7 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 		FailureSignals:  failureSignals,
 		OnError:         o.OnError,
 		OnPublish:       o.OnPublish,
+		OnDataLost:      o.OnDataLost,
 	}
 	if srv != nil {
 		opts.Server = srv.Server
@@ -242,12 +247,8 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 		release()
 		return nil, err
 	}
-	if max := st.MaxPayload(); o.MaxEventBytes+eventFraming > max {
-		st.Close()
-		release()
-		return nil, fmt.Errorf("max_event_bytes (%d) must be at least %d bytes below what the NATS servers take in one message (max_payload less headers: %d); lower it or raise max_payload",
-			o.MaxEventBytes, eventFraming, max)
-	}
+	// An event larger than one NATS message (max_payload) is stored in
+	// parts: max_event_bytes needs no room in max_payload.
 	if srv != nil {
 		return &embeddedStore{Store: st, release: release}, nil
 	}

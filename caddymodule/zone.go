@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/natsstore"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
@@ -271,6 +272,12 @@ func (z *zone) storeOptions() StoreOptions {
 		MaxEventBytes: z.maxEventBytes.Load(),
 		OnPublish: func(took time.Duration, events int) {
 			storePublish.WithLabelValues(z.name).Observe(took.Seconds())
+		},
+		OnDataLost: func(l natsstore.DataLoss) {
+			storeDataLost.WithLabelValues(z.name).Inc()
+			z.logger.Load().Error("shared store lost its data: recreated what was missing; the sessions it held ended",
+				zap.String("zone", z.name), zap.Strings("missing", l.Missing), zap.Int("sessions_lost", l.Sessions),
+				zap.Uint64("events_lost", l.Events), zap.Bool("secret_changed", l.SecretChanged))
 		},
 		OnError: func(op string, err error) {
 			storeErrors.WithLabelValues(z.name, op).Inc()

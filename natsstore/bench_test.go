@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 // BenchmarkAppendRead appends 1 KiB events to one stream on an embedded
@@ -55,4 +57,57 @@ func BenchmarkAppendRead(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "events/s")
+}
+
+// BenchmarkLargeEvent appends one 4 MiB event and reads it back whole, on
+// an embedded server (max_payload 64 MiB: one message) and on a server
+// with NATS's defaults (max_payload 1 MiB: five parts), over TCP.
+func BenchmarkLargeEvent(b *testing.B) {
+	lim := buffer.Limits{
+		MaxStreamBytes: 512 << 20, MaxSessionBytes: 512 << 20, MaxTotalBytes: 1 << 30,
+		MaxSessions: 10, MaxStreamsPerSession: 10,
+		ResumeWindow: time.Second, StallTimeout: time.Minute,
+	}
+	fields := append(append([]byte("data: "), bytes.Repeat([]byte("x"), 4<<20)...), '\n')
+	for _, c := range []struct {
+		name string
+		open func() *Store
+	}{
+		{"embedded", func() *Store { return openEmbedded(b, lim) }},
+		{"stock", func() *Store {
+			return openStore(b, Options{URLs: []string{testnet.StockNATS(b).ClientURL()}, Limits: lim})
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			st := c.open()
+			s, err := st.CreateSession("bench", buffer.SessionMeta{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			str, _ := s.NewStream([]string{"1"}, [32]byte{1})
+			b.SetBytes(int64(len(fields)))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				seq, err := str.Append(context.Background(), fields, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				r, _ := str.Attach(seq)
+				if _, err := r.Read(context.Background(), nil, 1<<20, time.Minute); err != nil {
+					b.Fatal(err)
+				}
+				r.Delivered(seq)
+				r.Close()
+				ack(b, str, seq)
+			}
+		})
+	}
+}
+
+func ack(b *testing.B, str buffer.Stream, seq uint64) {
+	if _, _, err := str.Resume(seq, func(policy.StreamView) policy.Resume {
+		return policy.Resume{Kind: policy.Gap, Then: policy.ThenEnd}
+	}); err != nil {
+		b.Fatal(err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/buffer/storetest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
 
 // openStore opens a store with opts, its sweeper running every 20ms, as
@@ -37,4 +38,18 @@ func openEmbedded(t testing.TB, lim buffer.Limits, mod ...func(*Options)) *Store
 // The JetStream store keeps the contract the memory store keeps.
 func TestStoreContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Store { return openEmbedded(t, lim) })
+}
+
+// The contract holds on a NATS server with its default options
+// (max_payload 1 MiB), events of several MiB (LargeEvents) included: an
+// event larger than a message is stored in parts.
+func TestStoreContractStockServer(t *testing.T) {
+	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Store {
+		ns := testnet.StockNATS(t)
+		st := openStore(t, Options{URLs: []string{ns.ClientURL()}, Limits: lim})
+		if mp := st.maxPayload; mp != 1<<20 {
+			t.Fatalf("the stock server's max_payload is %d, not NATS's default", mp)
+		}
+		return st
+	})
 }

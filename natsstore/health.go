@@ -59,6 +59,11 @@ func (st *Store) healthLoop() {
 			continue // Available says so already; the probe would only time out
 		}
 		err := st.probe()
+		if st.ctx.Err() == nil && !st.closing.Load() {
+			if st.checkData(err != nil) && err != nil {
+				err = st.probe() // what failed was recreated: probe it again
+			}
+		}
 		switch {
 		case st.ctx.Err() != nil:
 			return

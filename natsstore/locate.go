@@ -19,7 +19,11 @@ import (
 // headers say which events it holds and where they start in the stream's
 // byte count, so a reader, an evicting replica or a new producer can place
 // it without reading what came before. An end marker is an empty message
-// that ends the stream.
+// that ends the stream. An event larger than one message (the servers'
+// max_payload less headerRoom) is stored as several consecutive messages,
+// its parts: each carries the event's seq and offset, "Mcpr-Part: i/n" and
+// the event's framed length; only the last one carries what the event
+// answers and the upstream's cursor, and only it makes the event stored.
 const (
 	hdrFirst   = "Mcpr-First"   // seq of the first event (an end marker: head+1)
 	hdrLens    = "Mcpr-Lens"    // the events' framed lengths, comma-separated (absent: one event)
@@ -31,6 +35,8 @@ const (
 	// where a producer that takes the stream over asks the upstream to
 	// resume, even if the one before it died without recording it.
 	hdrUpstream = "Mcpr-Upstream"
+	hdrPart     = "Mcpr-Part" // on a part of an event: "<i>/<n>", i from 1
+	hdrSize     = "Mcpr-Size" // on a part of an event: the event's framed length
 )
 
 // msgInfo is what a message's headers say.
@@ -45,6 +51,11 @@ type msgInfo struct {
 	reason   policy.Reason
 	answers  []answer
 	upstream string // hdrUpstream
+	// An event's part (parts > 0): part of parts, total the event's framed
+	// length. Only the last part makes the event stored (count, last and
+	// endOff say so); every part reaches the event (reaches).
+	part, parts int
+	total       int
 }
 
 type answer struct {
@@ -73,6 +84,17 @@ func parseMsg(seq uint64, h nats.Header, data []byte) (msgInfo, error) {
 		}
 		if total != len(data) {
 			return m, fmt.Errorf("natsstore: message %d: lengths do not add up", seq)
+		}
+	}
+	if p := h.Get(hdrPart); p != "" {
+		i, n, _ := strings.Cut(p, "/")
+		var e1, e2, e3 error
+		m.part, e1 = strconv.Atoi(i)
+		m.parts, e2 = strconv.Atoi(n)
+		m.total, e3 = strconv.Atoi(h.Get(hdrSize))
+		if e1 != nil || e2 != nil || e3 != nil || m.parts < 2 || m.part < 1 || m.part > m.parts ||
+			m.lens != nil || m.size == 0 || m.size > m.total {
+			return m, fmt.Errorf("natsstore: message %d: bad %s", seq, hdrPart)
 		}
 	}
 	switch e := h.Get(hdrEnd); e {
@@ -118,9 +140,15 @@ func joinLens(lens []int) string {
 	return string(b)
 }
 
-// count is the number of events in the message.
+// count is the number of events the message completes: an event's part
+// other than its last completes none.
 func (m *msgInfo) count() int {
 	switch {
+	case m.parts > 0:
+		if m.part == m.parts {
+			return 1
+		}
+		return 0
 	case m.lens != nil:
 		return len(m.lens)
 	case m.size > 0:
@@ -129,11 +157,34 @@ func (m *msgInfo) count() int {
 	return 0
 }
 
-// last is the seq of its last event (first-1 for an end marker: the head).
+// last is the seq of its last event (first-1 for an end marker: the head;
+// first-1 for an event's part other than its last: the event is stored
+// only once its last part is).
 func (m *msgInfo) last() uint64 { return m.first + uint64(m.count()) - 1 }
 
-// endOff is the byte count of the stream after its events.
-func (m *msgInfo) endOff() int64 { return m.off + int64(m.size) }
+// reaches is the highest seq the message holds bytes of: where a search
+// for an event must stop (at an event's first part).
+func (m *msgInfo) reaches() uint64 {
+	if m.parts > 0 {
+		return m.first
+	}
+	return m.last()
+}
+
+// endOff is the byte count of the stream after its events (stored in
+// full).
+func (m *msgInfo) endOff() int64 {
+	switch {
+	case m.parts == 0:
+		return m.off + int64(m.size)
+	case m.part == m.parts:
+		return m.off + int64(m.total)
+	}
+	return m.off
+}
+
+// partial reports an event's part other than its last.
+func (m *msgInfo) partial() bool { return m.parts > 0 && m.part < m.parts }
 
 // span returns where event seq (first..last) starts and ends in the payload.
 func (m *msgInfo) span(seq uint64) (start, end int) {
@@ -200,14 +251,15 @@ func (st *Store) nextMsg(ctx context.Context, subject string, seq uint64) (*msgI
 	}
 }
 
-// locate finds the first message on subject whose events reach seq (at),
+// locate finds the first message on subject whose events reach seq (at:
+// for an event stored in parts, its first part),
 // and the subject's last message (last); either may be nil. Messages of a
 // subject hold increasing seqs in increasing stream sequence, so a binary
 // search over stream sequences, each probe a "next message on the subject"
 // direct get, needs no index. hint is a stream sequence known to be at or
 // below the answer.
 func (st *Store) locate(ctx context.Context, subject string, seq, hint uint64) (at, last *msgInfo, err error) {
-	if last, err = st.lastMsg(ctx, subject); err != nil || last == nil || last.last() < seq {
+	if last, err = st.lastMsg(ctx, subject); err != nil || last == nil || last.reaches() < seq {
 		return nil, last, err
 	}
 	best := last
@@ -216,7 +268,7 @@ func (st *Store) locate(ctx context.Context, subject string, seq, hint uint64) (
 	if m, _, err := st.nextMsg(ctx, subject, lo); err != nil {
 		return nil, last, err
 	} else if m != nil && m.seq < best.seq {
-		if m.last() >= seq {
+		if m.reaches() >= seq {
 			return m, last, nil
 		}
 		lo = m.seq + 1
@@ -231,7 +283,7 @@ func (st *Store) locate(ctx context.Context, subject string, seq, hint uint64) (
 		switch {
 		case m == nil || m.seq >= hi:
 			hi = mid // nothing of the subject in [mid, hi)
-		case m.last() >= seq:
+		case m.reaches() >= seq:
 			best, hi = m, m.seq
 		default:
 			lo = m.seq + 1

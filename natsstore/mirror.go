@@ -211,15 +211,36 @@ func (m *mirror[T]) prune(age time.Duration) {
 	m.mu.Unlock()
 }
 
+// reset forgets every entry, as if each had been deleted (changed is told
+// of each live one): the bucket lost them (see recover.go). Its watch must
+// be stopped first, and started again after.
+func (m *mirror[T]) reset() {
+	m.mu.Lock()
+	var live []string
+	for k, e := range m.entries {
+		if e.val != nil {
+			live = append(live, k)
+		}
+	}
+	m.entries, m.groups, m.live = make(map[string]*entry[T]), make(map[string]map[string]struct{}), 0
+	m.mu.Unlock()
+	if m.changed != nil {
+		for _, k := range live {
+			m.changed(k, nil)
+		}
+	}
+}
+
 // watch keeps the mirror until ctx ends; ready is closed once the bucket's
-// initial values are in.
-func (m *mirror[T]) watch(ctx context.Context, onErr func(error)) (ready <-chan struct{}, err error) {
+// initial values are in, done once the watch has stopped.
+func (m *mirror[T]) watch(ctx context.Context, onErr func(error)) (ready, done <-chan struct{}, err error) {
 	w, err := m.kv.WatchAll(ctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	r := make(chan struct{})
+	r, d := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(d)
 		defer w.Stop()
 		initial := true
 		for {
@@ -241,7 +262,7 @@ func (m *mirror[T]) watch(ctx context.Context, onErr func(error)) (ready <-chan 
 			}
 		}
 	}()
-	return r, nil
+	return r, d, nil
 }
 
 // take applies one watched entry.

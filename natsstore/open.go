@@ -27,16 +27,22 @@ type Store struct {
 	js         jetstream.JetStream
 	events     jetstream.Stream
 	names      names
-	key        []byte
+	key        atomic.Pointer[[]byte] // the zone secret (the stored one: see recover.go)
 	counters   buffer.Counters
-	maxPayload int64
-	batchMax   int
+	maxPayload int64 // the largest message the servers take
+	batchMax   int   // the largest batch of events stored as one message
+	partRoom   int   // the largest payload of a message: an event larger is stored in parts
 
 	sessions *mirror[sessionRecord]
 	streams  *mirror[streamRecord]
 	tombs    *mirror[tombRecord]
 	leases   *mirror[leaseRecord]
 	meta     jetstream.KeyValue
+
+	watchMu     sync.Mutex
+	stopWatches func() // stops the mirrors' watches
+	lost        lossCheck
+	mark        atomic.Pointer[string] // the zone's mark as this replica knows it (see recover.go)
 
 	ctx       context.Context // ends when the store closes
 	cancel    context.CancelFunc
@@ -104,16 +110,27 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := st.connect(); err != nil {
 		return nil, err
 	}
-	st.maxPayload = st.nc.MaxPayload()
-	st.batchMax = int(min(int64(opts.BatchBytes), st.maxPayload-headerRoom))
-	if st.batchMax < 4<<10 {
-		return nil, fmt.Errorf("natsstore: the server's max_payload (%d) is too small", st.maxPayload)
-	}
 	if err := st.provision(ctx); err != nil {
 		return nil, err
 	}
-	if err := st.loadKey(ctx); err != nil {
+	// An event of any size is stored, in parts if it exceeds one message;
+	// only a message too small for a batch's headers and a useful part is
+	// refused.
+	st.maxPayload = st.nc.MaxPayload()
+	if m := st.events.CachedInfo().Config.MaxMsgSize; m > 0 {
+		st.maxPayload = min(st.maxPayload, int64(m))
+	}
+	if st.maxPayload < headerRoom+minPartRoom {
+		return nil, fmt.Errorf("natsstore: the NATS servers take messages of at most %d bytes (max_payload, or the stream's max_msg_size); the store needs at least %d",
+			st.maxPayload, headerRoom+minPartRoom)
+	}
+	st.partRoom = int(st.maxPayload - headerRoom)
+	st.batchMax = min(opts.BatchBytes, st.partRoom)
+	if err := st.loadKey(ctx, nil); err != nil {
 		return nil, err
+	}
+	if err := st.loadMark(ctx); err != nil {
+		return nil, fmt.Errorf("natsstore: zone mark: %w", err)
 	}
 	if err := st.startMirrors(ctx); err != nil {
 		return nil, err
@@ -134,6 +151,10 @@ func (st *Store) connect() error {
 		nats.MaxReconnects(-1), // forever, in the background
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(false),
+		// Asynchronous errors (a watch's consumer gone while NATS lacks the
+		// zone's buckets, a permission refused) are failed operations like
+		// any other, not lines on stderr.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { st.fault("async", err) }),
 	}
 	switch {
 	case o.Server != nil:
@@ -180,8 +201,26 @@ func (st *Store) connect() error {
 	return nil
 }
 
-// provision creates (or updates) the zone's stream and buckets.
+// provision creates (or updates) the zone's stream and buckets, and the
+// mirrors of the buckets.
 func (st *Store) provision(ctx context.Context) error {
+	kvs, err := st.ensure(ctx)
+	if err != nil {
+		return err
+	}
+	st.meta = kvs[4]
+	st.sessions = newMirror(kvs[0], nil, st.sessionChanged)
+	st.streams = newMirror(kvs[1], incarnationOf, st.streamChanged)
+	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
+	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
+	return nil
+}
+
+// ensure creates the zone's stream and buckets where they are missing (and
+// updates them where not): the same configuration on every replica, so
+// replicas doing it at once converge. It returns the buckets: sessions,
+// streams, tombstones, leases, meta.
+func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 	n, r := st.names, st.opts.Replicas
 	maxBytes := int64(-1)
 	if l := st.Limits(); l.MaxTotalBytes > 0 {
@@ -205,16 +244,16 @@ func (st *Store) provision(ctx context.Context) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("natsstore: stream %s: %w", n.events, err)
+		return nil, fmt.Errorf("natsstore: stream %s: %w", n.events, err)
 	}
-	st.events = ev
+	if st.events == nil {
+		st.events = ev
+	}
 	buckets := []struct {
 		name string
 		ttl  bool // per-key TTLs (leases)
-		kv   *jetstream.KeyValue
 	}{
-		{n.sessions, false, nil}, {n.streams, false, nil}, {n.tombs, false, nil},
-		{n.leases, true, nil}, {n.meta, true, &st.meta},
+		{n.sessions, false}, {n.streams, false}, {n.tombs, false}, {n.leases, true}, {n.meta, true},
 	}
 	kvs := make([]jetstream.KeyValue, len(buckets))
 	for i, b := range buckets {
@@ -228,18 +267,11 @@ func (st *Store) provision(ctx context.Context) error {
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("natsstore: bucket %s: %w", b.name, err)
+			return nil, fmt.Errorf("natsstore: bucket %s: %w", b.name, err)
 		}
 		kvs[i] = kv
-		if b.kv != nil {
-			*b.kv = kv
-		}
 	}
-	st.sessions = newMirror(kvs[0], nil, st.sessionChanged)
-	st.streams = newMirror(kvs[1], incarnationOf, st.streamChanged)
-	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
-	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
-	return nil
+	return kvs, nil
 }
 
 // provisioning retries fn while the cluster is still forming (no leader,
@@ -269,14 +301,17 @@ func provisioning(ctx context.Context, fn func(context.Context) error) error {
 }
 
 // loadKey reads the zone secret, creating it if this is the zone's first
-// replica: every replica keys fingerprints and epochs with the same.
-func (st *Store) loadKey(ctx context.Context) error {
-	key := make([]byte, 32)
-	rand.Read(key)
+// replica (as key, or a new one if nil): every replica keys fingerprints
+// and epochs with the same. The first writer wins.
+func (st *Store) loadKey(ctx context.Context, key []byte) error {
+	if key == nil {
+		key = make([]byte, 32)
+		rand.Read(key)
+	}
 	err := provisioning(ctx, func(ctx context.Context) error {
 		_, err := st.meta.Create(ctx, "secret", key)
 		if err == nil {
-			st.key = key
+			st.key.Store(&key)
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -286,35 +321,48 @@ func (st *Store) loadKey(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		st.key = e.Value()
+		v := e.Value()
+		st.key.Store(&v)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("natsstore: zone secret: %w", err)
 	}
-	if len(st.key) != 32 {
+	if len(st.Key()) != 32 {
 		return errors.New("natsstore: the zone secret is malformed")
 	}
 	return nil
 }
 
 // startMirrors starts the watches and waits for the records to load.
+// They run until the store closes, or stopMirrors stops them.
 func (st *Store) startMirrors(ctx context.Context) error {
 	onErr := func(err error) { st.fault("watch", err) }
-	var readies []<-chan struct{}
-	for _, w := range []func(context.Context, func(error)) (<-chan struct{}, error){
+	wctx, cancel := context.WithCancel(st.ctx)
+	var readies, dones []<-chan struct{}
+	stop := func() {
+		cancel()
+		for _, d := range dones {
+			<-d
+		}
+	}
+	for _, w := range []func(context.Context, func(error)) (<-chan struct{}, <-chan struct{}, error){
 		st.sessions.watch, st.streams.watch, st.tombs.watch, st.leases.watch,
 	} {
-		var r <-chan struct{}
+		var r, d <-chan struct{}
 		err := provisioning(ctx, func(context.Context) (err error) {
-			r, err = w(st.ctx, onErr)
+			r, d, err = w(wctx, onErr)
 			return err
 		})
 		if err != nil {
+			stop()
 			return fmt.Errorf("natsstore: watch: %w", err)
 		}
-		readies = append(readies, r)
+		readies, dones = append(readies, r), append(dones, d)
 	}
+	st.watchMu.Lock()
+	st.stopWatches = stop
+	st.watchMu.Unlock()
 	for _, r := range readies {
 		select {
 		case <-r:
@@ -325,9 +373,20 @@ func (st *Store) startMirrors(ctx context.Context) error {
 	return nil
 }
 
-// MaxPayload is the largest message the servers take: an event must fit
-// one (with its ID line), so max_event_bytes must stay below it.
-func (st *Store) MaxPayload() int64 { return st.maxPayload - headerRoom }
+// stopMirrors stops the watches and waits until they have.
+func (st *Store) stopMirrors() {
+	st.watchMu.Lock()
+	stop := st.stopWatches
+	st.stopWatches = nil
+	st.watchMu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// MaxPayload is the most event bytes one message takes: a larger event is
+// stored in several (see DESIGN.md, "Event size").
+func (st *Store) MaxPayload() int64 { return int64(st.partRoom) }
 
 // fault reports a failed NATS operation.
 func (st *Store) fault(op string, err error) {
@@ -422,7 +481,12 @@ func (st *Store) handleList() []*session {
 func (st *Store) Counters() *buffer.Counters { return &st.counters }
 
 // Key implements buffer.Store: the zone secret, the same on every replica.
-func (st *Store) Key() []byte { return st.key }
+func (st *Store) Key() []byte {
+	if k := st.key.Load(); k != nil {
+		return *k
+	}
+	return nil
+}
 
 // Limits returns the current limits.
 func (st *Store) Limits() buffer.Limits {

@@ -97,6 +97,10 @@ type Options struct {
 	// OnError, if set, is told of every failed NATS operation, by operation
 	// name (metrics, logs). It must not block.
 	OnError func(op string, err error)
+	// OnDataLost, if set, is told when NATS no longer held the zone's data
+	// (a server back with an empty store): the store recreated what was
+	// missing and ended the sessions it held. It must not block.
+	OnDataLost func(DataLoss)
 }
 
 var prefixRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,32}$`)
@@ -110,6 +114,7 @@ const (
 	defaultBatchBytes    = 256 << 10
 	embeddedMaxPayload   = 64 << 20
 	headerRoom           = 64 << 10 // what a batch's headers may take of a message
+	minPartRoom          = 4 << 10  // the least payload a message must take besides headerRoom
 )
 
 func (o *Options) setDefaults() error {

@@ -94,3 +94,124 @@ func (st *Store) publishAfter(msg *nats.Msg, id string, expect uint64, abort fun
 		}
 	}
 }
+
+// outMsg is one of the messages that store a batch.
+type outMsg struct {
+	msg     *nats.Msg
+	id      string // Nats-Msg-Id (a part's is completed with what it follows: see storeMsgs)
+	part    int    // 0, or which part of an event it is (from 1)
+	partial bool   // an event's part other than its last: it stores no event
+	last    uint64 // the last event it completes
+	endOff  int64  // the stream's byte count after it
+	stored  int64  // what JetStream counts for it, once published
+}
+
+// msgs splits b into the messages that store it, in order: each run of
+// consecutive events that fits room bytes is one message, and an event
+// larger than room is stored alone, in parts of at most room bytes (a
+// batch is one message but for such an event). Only an event's last part
+// carries what the event answers and the upstream's cursor.
+func (b *batch) msgs(subject, key string, room int) []outMsg {
+	if len(b.buf) <= room {
+		return []outMsg{{msg: b.msg(subject), id: key + "." + strconv.FormatUint(b.first, 10),
+			last: b.last(), endOff: b.off + int64(len(b.buf))}}
+	}
+	var out []outMsg
+	start, runPos, pos := 0, 0, 0 // the run's first event and its byte position; where event i starts
+	run := func(end int) {        // events [start, end), bytes [runPos, pos)
+		if end == start {
+			return
+		}
+		sub := batch{buf: b.buf[runPos:pos], lens: b.lens[start:end], first: b.first + uint64(start),
+			off: b.off + int64(runPos), upstream: b.upAt(end - 1)}
+		sub.answers = answersIn(b.answers, sub.first, sub.last())
+		out = append(out, outMsg{msg: sub.msg(subject), id: key + "." + strconv.FormatUint(sub.first, 10),
+			last: sub.last(), endOff: sub.off + int64(len(sub.buf))})
+	}
+	for i, n := range b.lens {
+		if n <= room {
+			if pos+n-runPos > room {
+				run(i)
+				start, runPos = i, pos
+			}
+			pos += n
+			continue
+		}
+		run(i)
+		seq, off := b.first+uint64(i), b.off+int64(pos)
+		k := (n + room - 1) / room
+		size := (n + k - 1) / k // parts of (nearly) equal size
+		for p := 1; p <= k; p++ {
+			msg := nats.NewMsg(subject)
+			msg.Data = b.buf[pos+(p-1)*size : pos+min(p*size, n)]
+			msg.Header.Set(hdrFirst, strconv.FormatUint(seq, 10))
+			msg.Header.Set(hdrOff, strconv.FormatInt(off, 10))
+			msg.Header.Set(hdrPart, strconv.Itoa(p)+"/"+strconv.Itoa(k))
+			msg.Header.Set(hdrSize, strconv.Itoa(n))
+			o := outMsg{msg: msg, id: key + "." + strconv.FormatUint(seq, 10) + ".p" + strconv.Itoa(p),
+				part: p, partial: p < k, last: seq - 1, endOff: off}
+			if p == k {
+				if as := answersIn(b.answers, seq, seq); len(as) > 0 {
+					msg.Header.Set(hdrAnswers, encodeAnswers(as))
+				}
+				if up := b.upAt(i); up != "" {
+					msg.Header.Set(hdrUpstream, up)
+				}
+				o.last, o.endOff = seq, off+int64(n)
+			}
+			out = append(out, o)
+		}
+		pos += n
+		start, runPos = i+1, pos
+	}
+	run(len(b.lens))
+	return out
+}
+
+// upAt is the upstream's cursor as of the batch's event i.
+func (b *batch) upAt(i int) string {
+	if i < len(b.ups) {
+		return b.ups[i]
+	}
+	return b.upstream
+}
+
+func answersIn(as []answer, first, last uint64) []answer {
+	var out []answer
+	for _, a := range as {
+		if a.seq >= first && a.seq <= last {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// storeMsgs publishes msgs in order, each expecting the one before it (the
+// first, expect), and tells stored of each once it is stored. A part's
+// message ID names the message it follows too: a writer that takes a
+// stream over after an event was left incomplete stores that seq again,
+// and must not meet the abandoned parts' IDs in the duplicate window. An
+// event's later parts never start the subject afresh (emptied): a part
+// whose predecessors are gone must not be stored alone.
+func (st *Store) storeMsgs(msgs []outMsg, expect uint64, abort func() error, emptied func() bool, stored func(o *outMsg, seq uint64)) (uint64, error) {
+	for i := range msgs {
+		o := &msgs[i]
+		id, empt := o.id, emptied
+		if o.part > 0 {
+			id += "." + strconv.FormatUint(expect, 10)
+		}
+		if o.part > 1 {
+			empt = nil
+		}
+		seq, err := st.publishAfter(o.msg, id, expect, abort, empt)
+		if err != nil {
+			return expect, err
+		}
+		o.stored = storedSize(o.msg, id)
+		expect = seq
+		if stored != nil {
+			stored(o, seq)
+		}
+	}
+	return expect, nil
+}

@@ -43,6 +43,9 @@ type reader struct {
 	lastMsg uint64 // stream sequence of the last message taken (or skipped)
 	endErr  error  // io.EOF or *FailedError once the end is reached
 	timer   *time.Timer
+	asm     []byte  // the event being put together from its parts
+	asmInfo msgInfo // its first part
+	asmNext int     // the part it needs next (0: none under way)
 
 	mu        sync.Mutex
 	next      uint64
@@ -243,6 +246,12 @@ func (r *reader) place(m jetstream.Msg) error {
 	r.mu.Lock()
 	next := r.next
 	r.mu.Unlock()
+	if info.parts > 0 {
+		return r.placePart(info, m.Data(), next)
+	}
+	// An event left incomplete (its writer failed before its last part)
+	// was never stored: what follows stores that seq again, or ends.
+	r.asm, r.asmNext = nil, 0
 	if info.first > next {
 		// Events this reader still had to read are gone.
 		return r.lost(next, info.first-next)
@@ -261,6 +270,49 @@ func (r *reader) place(m jetstream.Msg) error {
 	r.cur, r.curData = info, m.Data()
 	return nil
 }
+
+// placePart takes an event's part: the event is handed out once its last
+// part is in, never before. Parts that do not add up (one missing, out of
+// order, longer or shorter than the event) are a storage fault: Read fails
+// with it (the relay logs it and ends the response), never hands out a
+// truncated event.
+func (r *reader) placePart(info msgInfo, data []byte, next uint64) error {
+	switch {
+	case info.first < next: // an event before the reader's position
+		r.asm, r.asmNext = nil, 0
+		return nil
+	case info.first > next:
+		return r.lost(next, info.first-next)
+	case info.part == 1: // a first part starts the event again, even one under way (abandoned)
+		r.asm, r.asmInfo, r.asmNext = make([]byte, 0, info.total), info, 1
+	case r.asmNext != info.part || r.asmInfo.parts != info.parts || r.asmInfo.total != info.total:
+		return r.partFault(info, "stored without the part before it")
+	}
+	if len(r.asm)+len(data) > info.total {
+		return r.partFault(info, "longer than the event")
+	}
+	r.asm, r.asmNext = append(r.asm, data...), info.part+1
+	if info.part < info.parts {
+		return nil
+	}
+	if len(r.asm) != info.total {
+		return r.partFault(info, "shorter than the event")
+	}
+	r.cur = msgInfo{seq: info.seq, first: info.first, off: info.off, size: info.total}
+	r.curData, r.asm, r.asmNext = r.asm, nil, 0
+	return nil
+}
+
+// partFault is an event whose parts do not add up.
+func (r *reader) partFault(info msgInfo, why string) error {
+	r.asm, r.asmNext = nil, 0
+	err := fmt.Errorf("%w: stream %s, event %d, part %d of %d %s", errBadParts, r.s.key, info.first, info.part, info.parts, why)
+	r.st.fault("read", err)
+	return err
+}
+
+// errBadParts: an event stored in parts cannot be put together again.
+var errBadParts = errors.New("natsstore: storage fault: an event's parts do not add up")
 
 // take hands out events of the current message from next on, at most
 // about maxBytes (at least one), as one slice of the message's payload

@@ -107,7 +107,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	now := time.Now().UnixNano()
-	rec := &sessionRecord{ID: id, Epoch: eventid.NewEpoch(st.key, id), Version: meta.Version,
+	rec := &sessionRecord{ID: id, Epoch: eventid.NewEpoch(st.Key(), id), Version: meta.Version,
 		Fingerprint: meta.Fingerprint[:], Bind: meta.Bind, Endpoint: meta.Endpoint, Origin: meta.Origin,
 		Created: now, LastActive: now, NextStream: 1}
 	rec.setCredential(meta.Credential)
@@ -273,6 +273,13 @@ func (st *Store) ending(ctx context.Context, rec *sessionRecord, reason policy.R
 		if srec.State == policy.Live {
 			if last, err := st.lastMsg(ctx, st.names.subject(key)); err == nil && last != nil {
 				head = max(head, last.last())
+			}
+			// A producer here knows what it stored (the record may lag it;
+			// after a loss of NATS's data nothing else does).
+			if v, ok := st.byKey.Load(key); ok {
+				if h, ok := v.(*stream).currentWriter().storedHead(); ok {
+					head = max(head, h)
+				}
 			}
 			if srec.Kind == policy.RequestStream {
 				e.failed++

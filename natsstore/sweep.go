@@ -3,7 +3,6 @@ package natsstore
 import (
 	"errors"
 	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -206,8 +205,7 @@ func (st *Store) failOrphan(key string) {
 	}
 	noAbort := func() error { return nil }
 	if len(b.lens) > 0 {
-		msg := b.msg(subject)
-		if expect, err = st.publishAfter(msg, key+"."+strconv.FormatUint(b.first, 10), expect, noAbort, nil); err != nil {
+		if expect, err = st.storeMsgs(b.msgs(subject, key, st.partRoom), expect, noAbort, nil, nil); err != nil {
 			return // the producer lives after all, or another sweeper was first
 		}
 		head, off = b.last(), off+int64(len(b.buf))

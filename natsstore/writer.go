@@ -59,14 +59,15 @@ type batch struct {
 	first    uint64
 	off      int64
 	answers  []answer
-	upstream string // the upstream cursor as of its last event
-	stored   int64  // what JetStream will count for it, once published
+	upstream string   // the upstream cursor as of its last event
+	ups      []string // the upstream cursor as of each event
 }
 
 func (b *batch) last() uint64 { return b.first + uint64(len(b.lens)) - 1 }
 
 // msg is the message that stores b on subject: its events' bytes, and in
-// headers where they start and what they answer.
+// headers where they start and what they answer (msgs splits a batch too
+// large for one message).
 func (b *batch) msg(subject string) *nats.Msg {
 	msg := nats.NewMsg(subject)
 	msg.Data = b.buf
@@ -130,9 +131,6 @@ func (w *writer) usableLocked() error {
 
 // append implements Stream.Append: see budget.go for when it blocks.
 func (w *writer) append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
-	if int64(len(fields))+int64(eventid.MaxLen)+8 > w.st.maxPayload-headerRoom {
-		return 0, &buffer.FailedError{Reason: policy.ReasonTooLarge}
-	}
 	var blocked stallClock
 	defer blocked.stop(w)
 	for {
@@ -175,6 +173,7 @@ func (w *writer) addLocked(fields []byte, answers []string) uint64 {
 		w.upstream, w.nextUp = w.nextUp, ""
 	}
 	b.upstream = w.upstream
+	b.ups = append(b.ups, w.upstream)
 	w.head, w.headOff = seq, w.headOff+int64(n)
 	w.others.grown.Store(w.headOff)
 	w.st.unstored.Add(int64(n))
@@ -217,13 +216,24 @@ func (w *writer) flush() {
 		w.room.fire()
 
 		began := time.Now()
-		seq, err := w.publish(&b, expect)
+		// Each message stored moves what is stored: an event in parts is
+		// stored with its last part.
+		_, err := w.st.storeMsgs(b.msgs(w.s.subject, w.s.key, w.st.partRoom), expect, w.aborted, w.emptied,
+			func(o *outMsg, seq uint64) {
+				w.mu.Lock()
+				w.lastMsg = seq
+				if !o.partial {
+					w.stored, w.storedOff = o.last, o.endOff
+				}
+				w.mu.Unlock()
+				w.st.total.add(seq, o.stored) // before it leaves unstored: never counted in neither
+				w.room.fire()
+			})
 		if err == nil && w.st.opts.OnPublish != nil {
 			w.st.opts.OnPublish(time.Since(began), len(b.lens))
 		}
 		w.mu.Lock()
 		if err == nil {
-			w.lastMsg, w.stored, w.storedOff = seq, b.last(), b.off+int64(len(b.buf))
 			if cap(b.buf) <= 2*w.st.batchMax {
 				w.spare = b.buf[:0]
 			}
@@ -239,23 +249,12 @@ func (w *writer) flush() {
 			w.st.purge(ctx, w.s.subject, 0)
 			cancel()
 		}
-		if err == nil {
-			w.st.total.add(seq, b.stored) // before it leaves unstored: never counted in neither
-		}
 		w.st.unstored.Add(-int64(len(b.buf)))
 		w.room.fire()
 		if err == nil {
 			w.sync(len(b.answers) > 0)
 		}
 	}
-}
-
-// publish stores one batch.
-func (w *writer) publish(b *batch, expect uint64) (uint64, error) {
-	msg := b.msg(w.s.subject)
-	id := w.s.key + "." + strconv.FormatUint(b.first, 10)
-	b.stored = storedSize(msg, id)
-	return w.st.publishAfter(msg, id, expect, w.aborted, w.emptied)
 }
 
 // storedSize estimates what JetStream's file store counts for msg (its

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,6 +24,93 @@ var eventContracts = []contract{
 	{"FailedStream", testFailedStream},
 	{"TooLarge", testTooLarge},
 	{"ConcurrentAppendersAndReaders", testConcurrent},
+	{"LargeEvents", testLargeEvents},
+}
+
+// Events of several MiB (a file, an image in base64: ordinary MCP tool
+// results) are retained, read whole and in order from any position, live
+// or stored, and evicted whole, among small ones; the byte accounting is
+// their framed size, as for any event. (The JetStream store runs this
+// against a server with NATS's default max_payload, 1 MiB: it stores
+// them in parts.)
+func testLargeEvents(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	s := MustSession(t, st, "s1")
+	str := MustStream(t, s)
+	sizes := []int{EvSize, 4 << 20, EvSize, 3<<20 + 17, 1 << 20, EvSize, 2 << 20}
+	framed := make([]int64, len(sizes))
+	for i, n := range sizes {
+		seq := uint64(i + 1)
+		if got := MustAppend(t, str, Payload(seq, n)); got != seq {
+			t.Fatalf("Append gave seq %d, want %d", got, seq)
+		}
+		framed[i] = int64(len("id: ")+len(eventid.ID{Epoch: s.Epoch(), Stream: str.Num(), Seq: seq}.String())+1) +
+			int64(len(Fields(Payload(seq, n)))) + 1
+	}
+	check := func(evs []Event, from uint64) {
+		t.Helper()
+		for i, ev := range evs {
+			seq := from + uint64(i)
+			if ev.Seq != seq || !bytes.Equal(ev.Data, Payload(seq, sizes[seq-1])) {
+				t.Fatalf("event #%d: seq %d, %d bytes; want seq %d, %d bytes", i, ev.Seq, len(ev.Data), seq, sizes[seq-1])
+			}
+		}
+	}
+	for from := uint64(1); from <= uint64(len(sizes)); from++ {
+		r, err := str.Attach(from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, err := ReadUntil(t, r, len(sizes)-int(from)+1)
+		if err != nil {
+			t.Fatalf("read from %d: %v", from, err)
+		}
+		check(evs, from)
+		r.Close()
+	}
+	// Live: a reader waiting at the head gets the next large event whole.
+	r, _ := str.Attach(uint64(len(sizes)) + 1)
+	sizes = append(sizes, 5<<20)
+	n := uint64(len(sizes))
+	got := Async(func() []Event { evs, _ := ReadUntil(t, r, 1); return evs })
+	MustAppend(t, str, Payload(n, sizes[n-1]))
+	check(<-got, n)
+	r.Close()
+	framed = append(framed, int64(len("id: ")+len(eventid.ID{Epoch: s.Epoch(), Stream: str.Num(), Seq: n}.String())+1)+
+		int64(len(Fields(Payload(n, sizes[n-1]))))+1)
+	retained := func(from int) (b int64) {
+		for _, f := range framed[from:] {
+			b += f
+		}
+		return b
+	}
+	// What a store counts is the events' framed bytes (the memory store
+	// adds its chunks' overhead, well below 1/16).
+	about := func(b, want int64) bool { return b >= want && b <= want+want/16 }
+	if b := st.Stats().RetainedBytes; !about(b, retained(0)) {
+		t.Fatalf("RetainedBytes = %d, want about %d (the events' framed bytes)", b, retained(0))
+	}
+	// Evicted whole: the floor moves past a large event and onto another.
+	ack(t, str, 3)
+	if v := str.View(); v.Floor != 4 {
+		t.Fatalf("floor %d after ack(3)", v.Floor)
+	}
+	WaitFor(t, "RetainedBytes to drop the acknowledged events", func() bool { return about(st.Stats().RetainedBytes, retained(3)) })
+	str.Complete()
+	r2, err := str.Attach(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := ReadAll(t, r2)
+	if err != io.EOF {
+		t.Fatalf("end: %v, want io.EOF", err)
+	}
+	check(evs, 4)
+	if len(evs) != len(sizes)-3 {
+		t.Fatalf("read %d events from 4, want %d", len(evs), len(sizes)-3)
+	}
+	r2.Close()
+	noEarlyEviction(t, st)
 }
 
 func testAppendReadComplete(t *testing.T, e *env) {

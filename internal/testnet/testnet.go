@@ -38,6 +38,32 @@ func StartNATS(dir string, port int) (*server.Server, error) {
 		StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: 64 << 20, MaxPending: 64 << 20})
 }
 
+// StartStockNATS runs a JetStream server in this process as nats-server
+// runs with no options but its port and store directory: max_payload 1 MiB,
+// NATS's default (StartNATS raises it). Stop it with ShutdownNATS.
+func StartStockNATS(dir string, port int) (*server.Server, error) {
+	if port == 0 {
+		p, err := FreePort()
+		if err != nil {
+			return nil, err
+		}
+		port = p
+	}
+	return startNATS(&server.Options{ServerName: "testnet", Host: "127.0.0.1", Port: port, JetStream: true,
+		StoreDir: dir, NoLog: true, NoSigs: true})
+}
+
+// StockNATS runs StartStockNATS's server for t until t ends.
+func StockNATS(t TB) *server.Server {
+	t.Helper()
+	s, err := StartStockNATS(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ShutdownNATS(s) })
+	return s
+}
+
 // StartNATSCluster runs len(dirs) JetStream servers in this process, routed
 // to each other on loopback, each storing in its dir, and waits until their
 // JetStream meta group has a leader, knows every server, and every server

@@ -15,14 +15,16 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 )
 
-// caddyBin is the Caddy binary the replicas run.
-var caddyBin string
+// caddyBin is the Caddy binary the replicas run; binDir holds it (and
+// nats-server, once a test needs it).
+var caddyBin, binDir string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "mcp-resume-shared-")
 	if err != nil {
 		panic(err)
 	}
+	binDir = dir
 	caddyBin, err = mcptest.BuildCaddy(dir, raceEnabled)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
