@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,6 +47,7 @@ type natsProcess struct {
 	t    *testing.T
 	port int
 	dir  string
+	conf string // a configuration file, if the server runs with one
 	cmd  *exec.Cmd
 	done chan struct{}
 	logs strings.Builder
@@ -79,7 +81,11 @@ func (n *natsProcess) Write(b []byte) (int, error) {
 func (n *natsProcess) start() {
 	t := n.t
 	t.Helper()
-	n.cmd = exec.Command(natsServerBin(t), "-p", fmt.Sprint(n.port), "-js", "-sd", n.dir)
+	args := []string{"-p", fmt.Sprint(n.port), "-js", "-sd", n.dir}
+	if n.conf != "" {
+		args = append(args, "-c", n.conf)
+	}
+	n.cmd = exec.Command(natsServerBin(t), args...)
 	n.cmd.Stdout, n.cmd.Stderr = n, n
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -92,6 +98,48 @@ func (n *natsProcess) start() {
 			c.Close()
 		}
 		return err == nil
+	})
+}
+
+// startNATSProcessWith starts nats-server with the configuration conf
+// (port, JetStream and store directory come from the command line).
+func startNATSProcessWith(t *testing.T, conf string) *natsProcess {
+	t.Helper()
+	n := &natsProcess{t: t, port: harness.FreePort(t), dir: t.TempDir()}
+	n.conf = filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(n.conf, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.start()
+	t.Cleanup(func() {
+		n.stop()
+		if t.Failed() {
+			n.mu.Lock()
+			t.Logf("nats-server logs:\n%s", n.logs.String())
+			n.mu.Unlock()
+		}
+	})
+	return n
+}
+
+// reload rewrites the server's configuration and has it reload (SIGHUP),
+// waiting until it says it did.
+func (n *natsProcess) reload(conf string) {
+	t := n.t
+	t.Helper()
+	if err := os.WriteFile(n.conf, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n.mu.Lock()
+	before := strings.Count(n.logs.String(), "Reloaded server configuration")
+	n.mu.Unlock()
+	if err := n.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 10*time.Second, "nats-server reloaded", func() bool {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		return strings.Count(n.logs.String(), "Reloaded server configuration") > before
 	})
 }
 
