@@ -27,14 +27,7 @@ func FreePort() (int, error) {
 // StartNATS runs a JetStream server in this process, on a loopback port
 // (0: any free one), storing in dir. Stop it with ShutdownNATS.
 func StartNATS(dir string, port int) (*server.Server, error) {
-	if port == 0 {
-		p, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
-		port = p
-	}
-	return startNATS(&server.Options{ServerName: "testnet", Host: "127.0.0.1", Port: port, JetStream: true,
+	return startOn(port, &server.Options{ServerName: "testnet", Host: "127.0.0.1", JetStream: true,
 		StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: 64 << 20, MaxPending: 64 << 20})
 }
 
@@ -42,6 +35,12 @@ func StartNATS(dir string, port int) (*server.Server, error) {
 // runs with no options but its port and store directory: max_payload 1 MiB,
 // NATS's default (StartNATS raises it). Stop it with ShutdownNATS.
 func StartStockNATS(dir string, port int) (*server.Server, error) {
+	return startOn(port, &server.Options{ServerName: "testnet", Host: "127.0.0.1", JetStream: true,
+		StoreDir: dir, NoLog: true, NoSigs: true})
+}
+
+// startOn starts a server with o on port (0: any free one).
+func startOn(port int, o *server.Options) (*server.Server, error) {
 	if port == 0 {
 		p, err := FreePort()
 		if err != nil {
@@ -49,8 +48,8 @@ func StartStockNATS(dir string, port int) (*server.Server, error) {
 		}
 		port = p
 	}
-	return startNATS(&server.Options{ServerName: "testnet", Host: "127.0.0.1", Port: port, JetStream: true,
-		StoreDir: dir, NoLog: true, NoSigs: true})
+	o.Port = port
+	return startNATS(o)
 }
 
 // StockNATS runs StartStockNATS's server for t until t ends.

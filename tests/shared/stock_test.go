@@ -59,7 +59,12 @@ func (n *natsProcess) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", n
 // startNATSProcess starts nats-server -p <free port> -js -sd <dir>.
 func startNATSProcess(t *testing.T) *natsProcess {
 	t.Helper()
-	n := &natsProcess{t: t, port: harness.FreePort(t), dir: t.TempDir()}
+	return runNATSProcess(t, &natsProcess{t: t, port: harness.FreePort(t), dir: t.TempDir()})
+}
+
+// runNATSProcess starts n until t ends, and logs its output if t failed.
+func runNATSProcess(t *testing.T, n *natsProcess) *natsProcess {
+	t.Helper()
 	n.start()
 	t.Cleanup(func() {
 		n.stop()
@@ -105,21 +110,11 @@ func (n *natsProcess) start() {
 // (port, JetStream and store directory come from the command line).
 func startNATSProcessWith(t *testing.T, conf string) *natsProcess {
 	t.Helper()
-	n := &natsProcess{t: t, port: harness.FreePort(t), dir: t.TempDir()}
-	n.conf = filepath.Join(t.TempDir(), "nats.conf")
+	n := &natsProcess{t: t, port: harness.FreePort(t), dir: t.TempDir(), conf: filepath.Join(t.TempDir(), "nats.conf")}
 	if err := os.WriteFile(n.conf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	n.start()
-	t.Cleanup(func() {
-		n.stop()
-		if t.Failed() {
-			n.mu.Lock()
-			t.Logf("nats-server logs:\n%s", n.logs.String())
-			n.mu.Unlock()
-		}
-	})
-	return n
+	return runNATSProcess(t, n)
 }
 
 // reload rewrites the server's configuration and has it reload (SIGHUP),

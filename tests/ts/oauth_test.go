@@ -262,28 +262,10 @@ func (r clientRequest) String() string {
 // report.
 func runOAuthClient(t *testing.T, endpoint string, args ...string) oauthReport {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	argv := append([]string{"oauth_client.mjs", endpoint,
-		fmt.Sprintf("--calls=%d", oauthCalls), fmt.Sprintf("--n=%d", oauthN),
-		fmt.Sprintf("--interval-ms=%d", oauthIntervalMs), fmt.Sprintf("--timeout-ms=%d", oauthCallTimeout)}, args...)
-	cmd := exec.CommandContext(ctx, "node", argv...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("node %s: %v\nstdout: %s\nstderr: %s", strings.Join(argv, " "), err, stdout.String(), stderr.String())
-	}
-	line := strings.TrimSpace(stdout.String())
-	if i := strings.LastIndexByte(line, '\n'); i >= 0 {
-		line = line[i+1:]
-	}
 	var r oauthReport
-	if err := json.Unmarshal([]byte(line), &r); err != nil {
-		t.Fatalf("parsing oauth_client.mjs output: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
-	}
-	if s := strings.TrimSpace(stderr.String()); s != "" {
-		t.Logf("oauth_client.mjs stderr: %s", s)
-	}
+	runScript(t, 90*time.Second, &r, append([]string{"oauth_client.mjs", endpoint,
+		fmt.Sprintf("--calls=%d", oauthCalls), fmt.Sprintf("--n=%d", oauthN),
+		fmt.Sprintf("--interval-ms=%d", oauthIntervalMs), fmt.Sprintf("--timeout-ms=%d", oauthCallTimeout)}, args...)...)
 	return r
 }
 

@@ -123,10 +123,19 @@ func nodeReady(t *testing.T) {
 // runClient runs client.mjs against endpoint and returns its report.
 func runClient(t *testing.T, endpoint string, args ...string) report {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	var r report
+	runScript(t, 60*time.Second, &r, append([]string{"client.mjs", endpoint,
+		fmt.Sprintf("--n=%d", n), fmt.Sprintf("--interval-ms=%d", interval), fmt.Sprintf("--cut-after=%d", cutAfter)}, args...)...)
+	return r
+}
+
+// runScript runs node with argv (a script of this directory and its
+// arguments) within timeout and decodes the last line it prints into
+// report.
+func runScript(t *testing.T, timeout time.Duration, report any, argv ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	argv := append([]string{"client.mjs", endpoint,
-		fmt.Sprintf("--n=%d", n), fmt.Sprintf("--interval-ms=%d", interval), fmt.Sprintf("--cut-after=%d", cutAfter)}, args...)
 	cmd := exec.CommandContext(ctx, "node", argv...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -137,15 +146,13 @@ func runClient(t *testing.T, endpoint string, args ...string) report {
 	if i := strings.LastIndexByte(line, '\n'); i >= 0 {
 		line = line[i+1:]
 	}
-	var r report
-	if err := json.Unmarshal([]byte(line), &r); err != nil {
-		t.Fatalf("parsing client.mjs output: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
+	if err := json.Unmarshal([]byte(line), report); err != nil {
+		t.Fatalf("parsing %s output: %v\nstdout: %s\nstderr: %s", argv[0], err, stdout.String(), stderr.String())
 	}
-	t.Logf("client.mjs: %s", line)
+	t.Logf("%s: %s", argv[0], line)
 	if s := strings.TrimSpace(stderr.String()); s != "" {
-		t.Logf("client.mjs stderr: %s", s)
+		t.Logf("%s stderr: %s", argv[0], s)
 	}
-	return r
 }
 
 // resumesFromLog returns the proxy's resumes_total for the outcomes
