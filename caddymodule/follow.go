@@ -184,12 +184,15 @@ func (t *upstreamTap) followStandalone(first attemptResult) {
 		if res.tapped && t.lastID == "" && !t.stream.Connected() {
 			return // nothing to catch up on and no one waiting: the next client GET reopens it
 		}
-		// Only what brings something new resets the count, or a clean 200
-		// held open long enough not to be a spin: one that ends at once with
-		// no event (a server without GET streams that answers an empty body
-		// instead of 405, or one that polls) is an attempt that brought
-		// nothing, so the backoff applies and the limit ends it.
-		if t.progress || res.tapped && res.status == http.StatusOK && !res.broken && res.lasted >= reconnectMax {
+		// Only events for clients under upstream IDs reset the count, or a
+		// clean 200 held open long enough not to be a spin. A GET that ends
+		// at once with nothing (a server without GET streams that answers an
+		// empty body instead of 405), with a priming event only (one that
+		// polls), or with events but no IDs (each reconnect is a fresh GET
+		// that sends them again) brought nothing a reconnect could continue,
+		// so the backoff applies and the limit ends it: the client's next
+		// GET, at its own pace, starts a new round.
+		if t.resumable || res.tapped && res.status == http.StatusOK && !res.broken && res.lasted >= reconnectMax {
 			attempts = 0
 		}
 		if attempts >= maxReconnects {

@@ -72,8 +72,11 @@ type upstreamTap struct {
 	batchIDs []upstreamID // the upstream's ids of batch, taken once the batch is in
 	framed   []byte
 	pending  []string // request ids (canonical) still without an answer, in request order
-	progress bool     // the current attempt brought something new
-	failure  error    // why the current attempt's appends stopped
+	progress bool     // the current attempt brought something new (an event, or a new upstream cursor)
+	// resumable: the current attempt stored events for clients under the
+	// upstream's IDs, so a reconnect asks for what follows, not for them again.
+	resumable bool
+	failure   error // why the current attempt's appends stopped
 
 	relayDone chan struct{}
 }
@@ -148,7 +151,7 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
 	t.parser = sse.Parser{MaxEventBytes: 2*int(t.h.MaxEventBytes) + 4<<10} // the tap checks the stored size
-	t.progress, t.failure = false, nil
+	t.progress, t.resumable, t.failure = false, false, nil
 	t.conn++
 	t.resumed = req.Header.Get(hdrLastEventID) != ""
 	tw := &tapWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: out}, t: t, start: start}
@@ -281,6 +284,7 @@ func (t *upstreamTap) flush() error {
 	}
 	for i, id := range t.batchIDs[:n] {
 		t.took(id, last-uint64(n-1-i))
+		t.resumable = t.resumable || id.has
 	}
 	for _, e := range t.batch[n:] {
 		t.pending = append(t.pending, e.Answers...)

@@ -1,7 +1,8 @@
 package e2e
 
-// review20: an adversarial look at the follower's fixes (repeats, empty
-// standalone GETs, retry:, a session's end under a running call).
+// Standalone GETs of upstreams that give nothing a reconnect can continue
+// (a priming event only, events without IDs), a 404 on a standalone
+// reconnect, and a DELETE racing resumes.
 
 import (
 	"context"
@@ -19,10 +20,9 @@ import (
 // (SEP-1699: an id and empty data, a fresh id each time, as the TS SDK's
 // event store makes them) and then ends brought nothing for any client:
 // it is an empty standalone GET as far as the fix for those goes. The
-// proxy must back off and stop after maxReconnects such answers, as it
-// does for a GET with no event at all. It counts the priming event as
-// progress instead, so it asks again every 250 ms for as long as the
-// session lives, whether or not a client is connected.
+// proxy backs off and stops after maxReconnects such answers, as it does
+// for a GET with no event at all. (It once counted the priming event as
+// progress and asked again every 250 ms for the session's life.)
 func TestPrimingOnlyStandaloneGETIsNotAskedForever(t *testing.T) {
 	up := &scripted{Upstream: &mcptest.Upstream{}, get: func(w http.ResponseWriter, r *http.Request, n int) {
 		sseHeaders(w)
@@ -55,9 +55,11 @@ func TestPrimingOnlyStandaloneGETIsNotAskedForever(t *testing.T) {
 // An upstream that gives no event IDs and answers every standalone GET
 // with the same one event (a greeting), then ends: while a client reads
 // the standalone stream the proxy reconnects without Last-Event-ID, and
-// each answer is "new" (no ID, nothing to compare), so the client gets the
-// same event 4 times a second, forever. Plain reverse_proxy would pass one
-// and end; the client's SDK would reconnect at its own pace.
+// each answer is "new" (no ID, nothing to compare). Such answers count as
+// attempts that brought nothing a reconnect continues, so the proxy stops
+// after a few and the client's own reconnects set the pace, as through
+// plain reverse_proxy. (The client once got the same event 4 times a
+// second, forever.)
 func TestIDlessStandaloneGreetingIsNotRepeatedForever(t *testing.T) {
 	up := &scripted{Upstream: &mcptest.Upstream{}, get: func(w http.ResponseWriter, r *http.Request, n int) {
 		sseHeaders(w)

@@ -16,7 +16,7 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// review20: events around the part size (one message's room) on a stock
+// Events around the part size (one message's room) on a stock
 // server: exactly the room, one byte either side, twice the room and one
 // more, between small events. Each is read back whole and byte for byte,
 // from the start, by a reader attached at it, with a byte budget of one
