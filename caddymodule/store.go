@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/natsstore"
+	"github.com/mcpresume/caddy-mcp-resume/resume"
 )
 
 func init() {
@@ -234,7 +235,7 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o StoreOptions) (
 		Limits:          o.Limits,
 		Hooks:           o.Hooks,
 		LeaseTTL:        time.Duration(n.LeaseTTL),
-		FailureSignals:  failureSignals,
+		FailureSignals:  resume.FailureSignals,
 		OnError:         o.OnError,
 		OnPublish:       o.OnPublish,
 		OnDataLost:      o.OnDataLost,
@@ -336,7 +337,8 @@ func (n NATSStore) embeddedDir() string {
 	return dir
 }
 
-func (n NATSStore) drainTimeout() time.Duration {
+// DrainFor is how long a stopping Caddy drains into the store.
+func (n NATSStore) DrainFor() time.Duration {
 	if n.DrainTimeout > 0 {
 		return time.Duration(n.DrainTimeout)
 	}

@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -24,14 +23,14 @@ const peekLimit = 64 << 10
 
 // servePost handles a POST: initialize (learn the session), requests of a
 // session (tap the SSE response), and everything else (pass through).
-func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string) error {
+func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, sid string) error {
 	if !isJSON(r.Header.Get("Content-Type")) {
 		return next.ServeHTTP(w, r)
 	}
 	if v := r.Header.Get(hdrVersion); v != "" && !resumable(v) {
 		return next.ServeHTTP(w, r)
 	}
-	st := h.zone.store
+	st := h.rt.store
 	var sess buffer.Session
 	known := false
 	if sid != "" {
@@ -43,7 +42,7 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		return caddyhttp.Error(http.StatusBadRequest, err)
+		return h.reject(w, sid, "", http.StatusBadRequest, "the request body could not be read")
 	}
 	if int64(len(body)) > limit {
 		if known {
@@ -122,7 +121,7 @@ func requestKey(ids []string, body []byte) [32]byte {
 // the stream of the first, if it is retained from its start, instead of
 // running the tool twice. The replay is a resume from 0: everything is
 // acknowledged as not delivered, so nothing the replay still needs can go.
-func (h *Handler) serveRepeat(w http.ResponseWriter, r *http.Request, sess buffer.Session, ids []string, key [32]byte) bool {
+func (h *Engine) serveRepeat(w http.ResponseWriter, r *http.Request, sess buffer.Session, ids []string, key [32]byte) bool {
 	stream, ok := sess.StreamByKey(key)
 	if !ok {
 		return false
@@ -165,10 +164,10 @@ func sameIDs(reqs []policy.RequestView, ids []string) bool {
 
 // sessionWatch passes a response through and ends the session if the
 // upstream says it no longer exists.
-func (h *Handler) sessionWatch(w http.ResponseWriter, sid string) http.ResponseWriter {
+func (h *Engine) sessionWatch(w http.ResponseWriter, sid string) http.ResponseWriter {
 	return &statusWriter{
-		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		onStatus:              func(status int) { h.sessionGone(sid, status) },
+		writerWrapper: &writerWrapper{ResponseWriter: w},
+		onStatus:      func(status int) { h.sessionGone(sid, status) },
 	}
 }
 
@@ -177,8 +176,8 @@ func (h *Handler) sessionWatch(w http.ResponseWriter, sid string) http.ResponseW
 // session if the upstream answers with a stream. Such sessions have a share
 // of their own (policy.Adopted), so made-up session IDs cannot crowd out
 // real ones; a session deleted here is not adopted.
-func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string, ids []string, key [32]byte) error {
-	if tomb, ok := h.zone.store.Tombstone(sid); ok && tomb.Reason == policy.ReasonDeleted {
+func (h *Engine) adoptOnPost(w http.ResponseWriter, r *http.Request, next Next, sid string, ids []string, key [32]byte) error {
+	if tomb, ok := h.rt.store.Tombstone(sid); ok && tomb.Reason == policy.ReasonDeleted {
 		return next.ServeHTTP(w, r)
 	}
 	version := r.Header.Get(hdrVersion)
@@ -190,7 +189,7 @@ func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddy
 			zap.String("session", sid))
 		return next.ServeHTTP(w, r)
 	}
-	if !h.zone.store.Admit(policy.Adopted) {
+	if !h.rt.store.Admit(policy.Adopted) {
 		limitsHit.WithLabelValues("adopted_sessions").Inc()
 		h.logger.Warn("session not adopted: the share of adopted sessions is full; passed through",
 			zap.String("session", sid))
@@ -203,19 +202,19 @@ func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddy
 // with an SSE stream, taps it: the upstream is followed to the last answer
 // whatever the client does, and a relay feeds the client from the log. sess
 // is nil when the session is to be adopted once the upstream answers.
-func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
 	sess buffer.Session, version string, ids []string, key [32]byte) error {
 	t := h.newTap(r, next, sess, version)
-	h.zone.reads.Add(1) // a stopping process drains until the calls it reads end
-	defer h.zone.reads.Add(-1)
+	h.rt.reads.Add(1) // a stopping process drains until the calls it reads end
+	defer h.rt.reads.Add(-1)
 	defer t.close()
 	sid := r.Header.Get(hdrSessionID)
 	start := func(http.Header) bool {
 		if t.sess == nil {
-			s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Adopted))
+			s, err := h.rt.store.CreateSession(sid, h.sessionMeta(r, version, policy.Adopted))
 			switch {
 			case errors.Is(err, buffer.ErrSessionExists):
-				if s, _ = h.zone.store.Session(sid); s == nil {
+				if s, _ = h.rt.store.Session(sid); s == nil {
 					return false
 				}
 			case err != nil:

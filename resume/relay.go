@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"context"
@@ -24,7 +24,7 @@ const relayBatch = 256 << 10
 // until the stream ends, the client goes, or another connection takes over.
 // It is the only path from the log to a client.
 type relay struct {
-	h      *Handler
+	h      *Engine
 	w      http.ResponseWriter
 	rc     *http.ResponseController
 	sess   buffer.Session
@@ -37,7 +37,7 @@ type relay struct {
 	delivered  uint64 // the last seq written to the client
 }
 
-func (h *Handler) newRelay(w http.ResponseWriter, sess buffer.Session, stream buffer.Stream, rd buffer.Reader) *relay {
+func (h *Engine) newRelay(w http.ResponseWriter, sess buffer.Session, stream buffer.Stream, rd buffer.Reader) *relay {
 	return &relay{h: h, w: w, rc: http.NewResponseController(w), sess: sess, stream: stream, rd: rd,
 		dst: make([][]byte, 0, 8)}
 }
@@ -60,7 +60,7 @@ func (rl *relay) run(ctx context.Context) {
 	// (on another replica, when the store is shared).
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stopping := rl.h.zone.stopCtx
+	stopping := rl.h.rt.stopCtx
 	defer context.AfterFunc(stopping, cancel)()
 	idle := time.Duration(rl.h.Keepalive)
 	for {
@@ -166,7 +166,7 @@ func (rl *relay) sessionEnded() {
 		return
 	}
 	reason := policy.ReasonDeleted
-	if tomb, ok := rl.h.zone.store.Tombstone(rl.sess.ID()); ok && tomb.Reason != "" {
+	if tomb, ok := rl.h.rt.store.Tombstone(rl.sess.ID()); ok && tomb.Reason != "" {
 		reason = tomb.Reason
 	}
 	gaps.WithLabelValues(string(reason)).Inc()
@@ -181,7 +181,7 @@ func (rl *relay) sessionEnded() {
 // the client leaves, done closes or d passes: for a resume whose stream the
 // proxy knows nothing of, where ending the response would only make the
 // client reconnect and ask again.
-func (h *Handler) hold(ctx context.Context, w http.ResponseWriter, done <-chan struct{}, d time.Duration) {
+func (h *Engine) hold(ctx context.Context, w http.ResponseWriter, done <-chan struct{}, d time.Duration) {
 	rc := http.NewResponseController(w)
 	tick := time.NewTicker(time.Duration(h.Keepalive))
 	defer tick.Stop()
@@ -195,7 +195,7 @@ func (h *Handler) hold(ctx context.Context, w http.ResponseWriter, done <-chan s
 			return
 		case <-limit.C:
 			return
-		case <-h.zone.stopCtx.Done():
+		case <-h.rt.stopCtx.Done():
 			return
 		case <-tick.C:
 			if _, err := w.Write(sse.AppendComment(nil, "keepalive")); err != nil || rc.Flush() != nil {

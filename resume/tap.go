@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -38,8 +37,8 @@ var errTooLarge = errors.New("upstream event exceeds max_event_bytes")
 // from reverse_proxy's aborts, the upstream's cursor, and the one mapping
 // from what went wrong to a failure reason.
 type upstreamTap struct {
-	h      *Handler
-	next   caddyhttp.Handler
+	h      *Engine
+	next   Next
 	client *http.Request // the client's request: context values, headers to carry upstream
 
 	ctx    context.Context // detached: outlives the client, not the session or Caddy
@@ -78,14 +77,26 @@ type upstreamTap struct {
 	relayDone chan struct{}
 }
 
-func (h *Handler) newTap(r *http.Request, next caddyhttp.Handler, sess buffer.Session, version string) *upstreamTap {
+func (h *Engine) newTap(r *http.Request, next Next, sess buffer.Session, version string) *upstreamTap {
 	t := &upstreamTap{h: h, next: next, client: r, sess: sess, version: version}
 	t.ctx, t.cancel = h.detach(r)
-	h.zone.taps.Add(1) // the store closes only once every tap has closed
+	h.rt.taps.Add(1) // the store closes only once every tap has closed
 	if sess != nil {
 		t.tie(sess)
 	}
 	return t
+}
+
+// detach returns a context for an upstream request that outlives the client
+// connection (keeping the request's values, which reverse_proxy needs) but
+// not the runtime. Callers also tie it to their session's end.
+func (h *Engine) detach(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	stop := context.AfterFunc(h.rt.stopCtx, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // tie ends the detached upstream reads when the session ends.
@@ -109,7 +120,7 @@ func (t *upstreamTap) close() {
 		t.unlink()
 	}
 	t.cancel()
-	t.h.zone.taps.Done()
+	t.h.rt.taps.Done()
 }
 
 // startRelay writes the client's response headers and pre, and relays the
@@ -151,7 +162,7 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 	t.progress, t.failure = false, nil
 	t.conn++
 	t.resumed = req.Header.Get(hdrLastEventID) != ""
-	tw := &tapWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: out}, t: t, start: start}
+	tw := &tapWriter{writerWrapper: &writerWrapper{ResponseWriter: out}, t: t, start: start}
 	stopped := false
 	if stopWhenAnswered {
 		tw.answered = func() { stopped = true; cancel() }
@@ -467,5 +478,5 @@ func (t *upstreamTap) fail(reason policy.Reason) {
 	}
 	head := eventid.Append(nil, t.sess.Epoch(), t.stream.Num(), t.stream.View().Head)
 	gaps.WithLabelValues(string(reason)).Inc()
-	t.stream.Fail(reason, failureSignals(reason, string(head), t.pending)...)
+	t.stream.Fail(reason, FailureSignals(reason, string(head), t.pending)...)
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -26,7 +25,7 @@ import (
 // upstream's answer only decides what follows. A GET with nothing to send
 // waits for the upstream's answer, so a refusal (404: re-initialize; 405:
 // no GET stream here) reaches the client as plain reverse_proxy would pass it.
-func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Next,
 	sess buffer.Session, rd buffer.Reader, pre []byte, replayUpTo uint64) error {
 	stream := sess.Standalone()
 	gap := pre != nil // a resume's gap preamble: it must go out now
@@ -43,7 +42,7 @@ func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next c
 	t := h.newTap(r, next, sess, sess.Meta().Version)
 	t.stream = stream
 	defer t.close()
-	defer context.AfterFunc(h.zone.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
+	defer context.AfterFunc(h.rt.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
 	t.lastID = stream.UpstreamCursor()
 	t.startID = t.lastID
 	answerNow := gap || rd.Next() <= stream.View().Head
@@ -84,7 +83,7 @@ func (t *upstreamTap) standaloneRequest(r *http.Request) *http.Request {
 // it over: a gap event tells the client what was lost, then the session's
 // standalone stream follows live. Otherwise the upstream's answer (typically
 // 404: re-initialize) goes to the client.
-func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid, lastID string, reason policy.Reason) error {
+func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, sid, lastID string, reason policy.Reason) error {
 	if h.identityMissing(r) {
 		h.logger.Warn("session not adopted: its bind placeholders are empty for this request; passed through",
 			zap.String("session", sid))
@@ -96,13 +95,13 @@ func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyh
 	}
 	t := h.newTap(r, next, nil, version)
 	defer t.close()
-	defer context.AfterFunc(h.zone.drainCtx, t.cancel)()
+	defer context.AfterFunc(h.rt.drainCtx, t.cancel)()
 	var existing buffer.Session // adopted meanwhile by another request
 	var attachErr error         // adopted, but this client could not be attached
 	start := func(http.Header) bool {
-		s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
+		s, err := h.rt.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
 		if errors.Is(err, buffer.ErrSessionExists) {
-			existing, _ = h.zone.store.Session(sid)
+			existing, _ = h.rt.store.Session(sid)
 			t.failure = err // drop this upstream GET: the session has its own
 			return existing != nil
 		}

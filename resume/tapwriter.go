@@ -1,11 +1,10 @@
-package caddymodule
+package resume
 
 import (
 	"bytes"
 	"io"
 	"net/http"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 )
 
@@ -16,7 +15,7 @@ import (
 // upstream read carries on after the client is gone. The relay writes the
 // log to the client.
 type tapWriter struct {
-	*caddyhttp.ResponseWriterWrapper
+	*writerWrapper
 	t        *upstreamTap
 	start    func(http.Header) bool // at a tappable response: set up the stream (and the client side); false: pass it on
 	answered func()                 // if set, called once every request is answered: stop reading
@@ -27,7 +26,7 @@ type tapWriter struct {
 func (tw *tapWriter) WriteHeader(status int) {
 	if status < 200 { // informational (103 Early Hints): pass on
 		if !tw.tapping && tw.status == 0 {
-			tw.ResponseWriterWrapper.WriteHeader(status)
+			tw.writerWrapper.WriteHeader(status)
 		}
 		return
 	}
@@ -44,7 +43,7 @@ func (tw *tapWriter) WriteHeader(status int) {
 			zap.String("content_encoding", tw.Header().Get("Content-Encoding")))
 		untapped.WithLabelValues("compressed").Inc()
 	}
-	tw.ResponseWriterWrapper.WriteHeader(status)
+	tw.writerWrapper.WriteHeader(status)
 }
 
 func (tw *tapWriter) Write(p []byte) (int, error) {
@@ -52,7 +51,7 @@ func (tw *tapWriter) Write(p []byte) (int, error) {
 		tw.WriteHeader(http.StatusOK)
 	}
 	if !tw.tapping {
-		return tw.ResponseWriterWrapper.Write(p)
+		return tw.writerWrapper.Write(p)
 	}
 	t := tw.t
 	if t.failure != nil {
@@ -82,7 +81,7 @@ func (tw *tapWriter) FlushError() error {
 	if tw.tapping {
 		return nil
 	}
-	return http.NewResponseController(tw.ResponseWriterWrapper.ResponseWriter).Flush()
+	return http.NewResponseController(tw.writerWrapper.ResponseWriter).Flush()
 }
 
 // ReadFrom hides ResponseWriterWrapper.ReadFrom, which would bypass Write.
@@ -105,7 +104,7 @@ func (d *discardWriter) WriteHeader(int)             {}
 
 // statusWriter passes a response through and reports its status.
 type statusWriter struct {
-	*caddyhttp.ResponseWriterWrapper
+	*writerWrapper
 	onStatus func(int)
 	done     bool
 }
@@ -115,12 +114,12 @@ func (s *statusWriter) WriteHeader(status int) {
 		s.done = true
 		s.onStatus(status)
 	}
-	s.ResponseWriterWrapper.WriteHeader(status)
+	s.writerWrapper.WriteHeader(status)
 }
 
 func (s *statusWriter) Write(p []byte) (int, error) {
 	if !s.done {
 		s.WriteHeader(http.StatusOK)
 	}
-	return s.ResponseWriterWrapper.Write(p)
+	return s.writerWrapper.Write(p)
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"encoding/json"
@@ -51,10 +51,10 @@ func lostFields(dst []byte, id string, reason policy.Reason, lastEventID string,
 		map[string]any{"reason": reason, "lastEventId": lastEventID, "lost": lost}))
 }
 
-// failureSignals are what a stream that fails gets appended: a gap event,
+// FailureSignals are what a stream that fails gets appended: a gap event,
 // then an error for each request still waiting for its answer (a request
 // stream) or a warning (the standalone stream, which goes on).
-func failureSignals(reason policy.Reason, lastEventID string, pending []string) []buffer.Signal {
+func FailureSignals(reason policy.Reason, lastEventID string, pending []string) []buffer.Signal {
 	sigs := []buffer.Signal{{Fields: gapFields(nil, gapInfo{LastEventID: lastEventID, Lost: -1, Reason: reason})}}
 	if len(pending) == 0 {
 		return append(sigs, buffer.Signal{Fields: warningFields(nil, reason, lastEventID, -1)})

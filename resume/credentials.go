@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"bytes"
@@ -14,8 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -24,42 +22,25 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// bindBearer, in a binding, stands for the request's bearer credential (the
-// Authorization header), which the upstream vouches for when it changes.
-const bindBearer = "bearer"
-
 // vouchTimeout bounds the upstream's answer to a credential check.
 const vouchTimeout = 10 * time.Second
 
 // maxRefusalBody bounds what is relayed of the upstream's refusal.
 const maxRefusalBody = 64 << 10
 
-// binding is what a session is bound to, as configured: bind, or the
-// header names of bind_headers.
-func (h *Handler) binding() []string {
-	if h.Bind != nil {
-		return h.Bind
-	}
-	return h.BindHeaders
-}
-
 // identity is the keyed hash of the request's values for the identity part
 // of a binding: every entry but bearer. A header name (bind_headers) hashes
 // as it always has, so sessions bound before bind existed still match.
-func (h *Handler) identity(r *http.Request, bind []string) [32]byte {
-	mac := hmac.New(sha256.New, h.zone.store.Key())
-	var repl *caddy.Replacer
+func (h *Engine) identity(r *http.Request, bind []string) [32]byte {
+	mac := hmac.New(sha256.New, h.rt.store.Key())
 	for _, entry := range bind {
 		switch {
-		case entry == bindBearer:
+		case entry == BindBearer:
 			continue
 		case strings.Contains(entry, "{"):
-			if repl == nil {
-				repl = replacerOf(r)
-			}
 			mac.Write([]byte(entry))
 			mac.Write([]byte{0})
-			mac.Write([]byte(repl.ReplaceAll(entry, "")))
+			mac.Write([]byte(h.placeholders(r, entry)))
 			mac.Write([]byte{0})
 		default:
 			for _, v := range r.Header.Values(entry) {
@@ -76,22 +57,39 @@ func (h *Handler) identity(r *http.Request, bind []string) [32]byte {
 	return fp
 }
 
-func replacerOf(r *http.Request) *caddy.Replacer {
-	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		return repl
+// HeaderPlaceholders replaces the placeholders in s the way Caddy does for
+// {http.request.header.X} (the header's values joined with ","), and every
+// other placeholder with "": the engine's default Config.Placeholders.
+func HeaderPlaceholders(r *http.Request, s string) string {
+	var b strings.Builder
+	for {
+		open := strings.IndexByte(s, '{')
+		if open < 0 {
+			break
+		}
+		end := strings.IndexByte(s[open:], '}')
+		if end < 0 {
+			break
+		}
+		b.WriteString(s[:open])
+		if name, ok := strings.CutPrefix(s[open+1:open+end], "http.request.header."); ok {
+			b.WriteString(strings.Join(r.Header.Values(name), ","))
+		}
+		s = s[open+end+1:]
 	}
-	return caddy.NewReplacer()
+	b.WriteString(s)
+	return b.String()
 }
 
 // credential is the keyed hash of the request's bearer credential and of
 // the principal it names, if the proxy can tell (a JWT's iss and sub; the
 // upstream verifies the signature before the proxy relies on it).
-func (h *Handler) credential(r *http.Request) buffer.Credential {
+func (h *Engine) credential(r *http.Request) buffer.Credential {
 	values := r.Header.Values("Authorization")
 	if len(values) == 0 {
 		return buffer.Credential{}
 	}
-	key := h.zone.store.Key()
+	key := h.rt.store.Key()
 	var c buffer.Credential
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte("bearer\x00"))
@@ -111,7 +109,7 @@ func (h *Handler) credential(r *http.Request) buffer.Credential {
 
 // sessionMeta is what a new session is bound with: the request's identity
 // and credential under this handler's binding, and the endpoint it began on.
-func (h *Handler) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
+func (h *Engine) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
 	bind := h.binding()
 	m := buffer.SessionMeta{Version: version, Fingerprint: h.identity(r, bind),
 		Bind: append([]string(nil), bind...), Endpoint: r.URL.RequestURI(), Origin: origin}
@@ -125,20 +123,16 @@ func (h *Handler) sessionMeta(r *http.Request, version string, origin policy.Ses
 // empty for the request: an authentication handler that should set them
 // did not run before this one (or a placeholder is misspelt), and a
 // session bound to nothing would be anyone's.
-func (h *Handler) identityMissing(r *http.Request) bool {
+func (h *Engine) identityMissing(r *http.Request) bool {
 	bind := h.binding()
 	if hasBearer(bind) {
 		return false
 	}
-	var repl *caddy.Replacer
 	for _, entry := range bind {
 		if !strings.Contains(entry, "{") {
 			return false // a header name (bind_headers): an absent header is the client's choice
 		}
-		if repl == nil {
-			repl = replacerOf(r)
-		}
-		if repl.ReplaceAll(entry, "") != stripPlaceholders(entry) {
+		if h.placeholders(r, entry) != stripPlaceholders(entry) {
 			return false // this one has a value
 		}
 	}
@@ -165,7 +159,7 @@ func stripPlaceholders(entry string) string {
 
 // refuseMissingIdentity answers a request that would bind a session to an
 // empty identity, with what the operator must fix.
-func (h *Handler) refuseMissingIdentity(w http.ResponseWriter, id string) {
+func (h *Engine) refuseMissingIdentity(w http.ResponseWriter, id string) {
 	h.logger.Error("session not bound: its bind placeholders are empty for this request; is the authentication handler before mcp_resume?",
 		zap.Strings("bind", h.binding()))
 	writeError(w, http.StatusInternalServerError, jsonrpc.CodeResumeDenied, id,
@@ -174,7 +168,7 @@ func (h *Handler) refuseMissingIdentity(w http.ResponseWriter, id string) {
 
 func hasBearer(bind []string) bool {
 	for _, e := range bind {
-		if e == bindBearer {
+		if e == BindBearer {
 			return true
 		}
 	}
@@ -203,15 +197,15 @@ type bound struct {
 
 // access is what the proxy knows of the session a request names, for
 // policy.Authorize.
-func (h *Handler) access(r *http.Request, sid string) (policy.Access, bound) {
+func (h *Engine) access(r *http.Request, sid string) (policy.Access, bound) {
 	a := policy.Access{Named: sid != "", Kind: requestKind(r), RebindOff: h.rebindMode() == policy.RebindOff}
 	if !a.Named {
 		return a, bound{}
 	}
 	var b bound
-	if sess, ok := h.zone.store.Session(sid); ok {
+	if sess, ok := h.rt.store.Session(sid); ok {
 		b = bound{sess: sess, meta: sess.Meta()}
-	} else if tomb, ok := h.zone.store.Tombstone(sid); ok {
+	} else if tomb, ok := h.rt.store.Tombstone(sid); ok {
 		b.meta = buffer.SessionMeta{Version: tomb.Version, Fingerprint: tomb.Fingerprint, Bind: tomb.Bind,
 			Credential: tomb.Credential}
 	} else {
@@ -230,18 +224,11 @@ func (h *Handler) access(r *http.Request, sid string) (policy.Access, bound) {
 	return a, b
 }
 
-func (h *Handler) rebindMode() policy.RebindMode {
-	if m, ok := policy.RebindModes[h.Rebind]; ok {
-		return m
-	}
-	return policy.RebindSubject
-}
-
 // vouch asks the upstream whether it accepts the request's credential for
 // the session (policy.Authorize said Vouch) and acts on policy.DecideRebind.
 // It reports whether the request goes on as the session's owner's; when it
 // does not, the client has its answer.
-func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string,
+func (h *Engine) vouch(w http.ResponseWriter, r *http.Request, next Next, sid string,
 	a policy.Access, b bound) (goOn bool, err error) {
 	verdict, answer := h.askUpstream(r, next, sid, b.meta, false)
 	offered := h.credential(r)
@@ -306,7 +293,7 @@ var pingIDs atomic.Uint64
 // nothing of the session), with the request's headers (its credentials
 // among them, or none when anonymous), and reads the upstream's verdict. A
 // refusal comes back whole, for the client.
-func (h *Handler) askUpstream(r *http.Request, next caddyhttp.Handler, sid string, meta buffer.SessionMeta,
+func (h *Engine) askUpstream(r *http.Request, next Next, sid string, meta buffer.SessionMeta,
 	anonymous bool) (policy.Verdict, *recorded) {
 	body := []byte(`{"jsonrpc":"2.0","id":"mcp-resume-check-` + strconv.FormatUint(pingIDs.Add(1), 10) + `","method":"ping"}`)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), vouchTimeout)

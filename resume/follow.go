@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 // Following the upstream: when its response ends before the call is
 // answered (SEP-1699 polling, a dropped connection), or its standalone
@@ -76,11 +76,11 @@ func (t *upstreamTap) sleep(d time.Duration) bool {
 
 // sessionGone handles an upstream 404 for the session: it no longer exists
 // there, so it ends here too.
-func (h *Handler) sessionGone(sid string, status int) bool {
+func (h *Engine) sessionGone(sid string, status int) bool {
 	if status != http.StatusNotFound {
 		return false
 	}
-	h.zone.store.Delete(sid, policy.ReasonDeleted)
+	h.rt.store.Delete(sid, policy.ReasonDeleted)
 	return true
 }
 
@@ -142,7 +142,7 @@ func refused(status int) bool {
 }
 
 // reconnected logs and counts one reconnect attempt.
-func (h *Handler) reconnected(t *upstreamTap, attempt int, res attemptResult, outcome string) {
+func (h *Engine) reconnected(t *upstreamTap, attempt int, res attemptResult, outcome string) {
 	if outcome == "" {
 		switch {
 		case res.tapped:

@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"encoding/json"

@@ -1,11 +1,10 @@
-package caddymodule
+package resume
 
 import (
 	"errors"
 	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -16,11 +15,11 @@ import (
 
 // serveGet handles GET text/event-stream: the standalone stream, and resumes
 // (Last-Event-ID) of any stream, answered from the log.
-func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string) error {
+func (h *Engine) serveGet(w http.ResponseWriter, r *http.Request, next Next, sid string) error {
 	if v := r.Header.Get(hdrVersion); v != "" && !resumable(v) || sid == "" {
 		return next.ServeHTTP(w, r)
 	}
-	sess, known := h.zone.store.Session(sid)
+	sess, known := h.rt.store.Session(sid)
 	if known && !resumable(sess.Meta().Version) {
 		return next.ServeHTTP(w, r) // a session that is never tapped
 	}
@@ -40,9 +39,9 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 
 // serveResume answers a GET with Last-Event-ID from what the proxy holds
 // and remembers; policy.DecideResume says how.
-func (h *Handler) serveResume(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
 	sid string, sess buffer.Session, lastID string) error {
-	st := h.zone.store
+	st := h.rt.store
 	in := policy.ResumeInput{SessionHeader: true}
 	cur, perr := eventid.Parse(lastID)
 	if perr == nil {
@@ -174,7 +173,7 @@ func pastView(p buffer.Past, num uint32) *policy.PastView {
 
 // serveStream relays a resumed stream from rd, after pre. A standalone
 // stream that no upstream GET feeds gets one (this request's).
-func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sess buffer.Session,
+func (h *Engine) serveStream(w http.ResponseWriter, r *http.Request, next Next, sess buffer.Session,
 	stream buffer.Stream, rd buffer.Reader, pre []byte, replayUpTo uint64) error {
 	if stream.Kind() == policy.StandaloneStream {
 		return h.serveStandalone(w, r, next, sess, rd, pre, replayUpTo)
@@ -184,7 +183,7 @@ func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, next caddy
 
 // relayTo starts an SSE response with pre and relays the stream from the
 // reader's position in this request's goroutine.
-func (h *Handler) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
+func (h *Engine) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
 	rd buffer.Reader, pre []byte, replayUpTo uint64) error {
 	prepareSSEHeaders(w.Header())
 	w.WriteHeader(http.StatusOK)
