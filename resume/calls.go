@@ -42,14 +42,11 @@ func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, si
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		return h.reject(w, sid, "", http.StatusBadRequest, "the request body could not be read")
+		return h.refuse(w, refuseUnreadable, to{sid: sid})
 	}
 	if int64(len(body)) > limit {
 		if known {
-			limitsHit.WithLabelValues("max_request_bytes").Inc()
-			writeError(w, http.StatusRequestEntityTooLarge, jsonrpc.CodeLimit, "",
-				"mcp-resume: request body exceeds max_request_bytes ("+itoa(h.MaxRequestBytes)+")")
-			return nil
+			return h.refuse(w, refuseMaxRequestBytes, to{sid: sid}, h.MaxRequestBytes)
 		}
 		r.Body = struct {
 			io.Reader
@@ -91,10 +88,7 @@ func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, si
 	}
 	sess.Touch()
 	if !sess.AdmitStream() {
-		limitsHit.WithLabelValues("max_streams_per_session").Inc()
-		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, ids[0],
-			"mcp-resume: too many open streams in this session (max_streams_per_session)")
-		return nil
+		return h.refuse(w, refuseMaxStreams, to{id: ids[0], sid: sid})
 	}
 	if served := h.serveRepeat(w, r, sess, ids, key); served {
 		return nil

@@ -18,7 +18,6 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/bearer"
-	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
@@ -159,11 +158,10 @@ func stripPlaceholders(entry string) string {
 
 // refuseMissingIdentity answers a request that would bind a session to an
 // empty identity, with what the operator must fix.
-func (h *Engine) refuseMissingIdentity(w http.ResponseWriter, id string) {
+func (h *Engine) refuseMissingIdentity(w http.ResponseWriter, id string) error {
 	h.logger.Error("session not bound: its bind placeholders are empty for this request; is the authentication handler before mcp_resume?",
 		zap.Strings("bind", h.binding()))
-	writeError(w, http.StatusInternalServerError, jsonrpc.CodeResumeDenied, id,
-		"mcp-resume: the session's identity (bind) is empty: the proxy is misconfigured")
+	return h.refuse(w, refuseIdentityMissing, to{id: id})
 }
 
 func hasBearer(bind []string) bool {
@@ -256,7 +254,7 @@ func (h *Engine) vouch(w http.ResponseWriter, r *http.Request, next Next, sid st
 				return false, next.ServeHTTP(w, r)
 			case err != nil:
 				h.logger.Warn("session not rebound: the store could not record it", append(fields, zap.Error(err))...)
-				return false, h.refuse(w, "", "unavailable", "the retention store is unavailable; retry later", 5)
+				return false, h.refuse(w, refuseUnavailable, to{sid: sid})
 			}
 		}
 		h.logger.Info("session rebound to a refreshed credential the upstream accepted", fields...)
@@ -267,21 +265,14 @@ func (h *Engine) vouch(w http.ResponseWriter, r *http.Request, next Next, sid st
 		answer.relay(w)
 		return false, nil
 	case policy.DenyPrincipal:
-		credentialRejections.Inc()
 		h.logger.Warn("changed credential refused: it names another principal than the session's", fields...)
-		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
-			"credentials name another principal than the session's")
+		return false, h.refuse(w, refusePrincipal, to{sid: sid, lastID: r.Header.Get(hdrLastEventID)})
 	case policy.DenyUnverifiable:
-		credentialRejections.Inc()
 		h.logger.Warn("changed credential refused: the proxy cannot tell it names the session's principal (not a JWT, or an upstream that verifies no token); rebind upstream trusts the upstream for opaque tokens", append(fields, zap.Bool("upstream_accepts_no_token", in.AnonymousAccepted))...)
-		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
-			"the credential changed and the proxy cannot tell it names the session's principal (see rebind)")
+		return false, h.refuse(w, refuseUnverifiable, to{sid: sid, lastID: r.Header.Get(hdrLastEventID)})
 	default: // Unavailable
 		h.logger.Warn("credential not checked: the upstream gave no verdict", append(fields, zap.Int("status", answer.status))...)
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, "",
-			"mcp-resume: the upstream could not check the request's credentials; retry")
-		return false, nil
+		return false, h.refuse(w, refuseUnchecked, to{sid: sid})
 	}
 }
 
@@ -335,12 +326,12 @@ func (h *Engine) askUpstream(r *http.Request, next Next, sid string, meta buffer
 		}()
 		return next.ServeHTTP(rec, req)
 	}()
-	switch {
-	case rec.status/100 == 2:
+	switch classify(rec.status) {
+	case upstreamAccepted:
 		return policy.Accepted, rec
-	case rec.status == http.StatusUnauthorized || rec.status == http.StatusForbidden:
+	case upstreamDenied:
 		return policy.Refused, rec
-	case rec.status == http.StatusNotFound:
+	case upstreamSessionGone:
 		return policy.SessionLost, rec
 	}
 	if err != nil {

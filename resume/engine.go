@@ -85,9 +85,7 @@ func (h *Engine) Runtime() *Runtime { return h.rt }
 func (h *Engine) Handler(next http.Handler) http.Handler {
 	n := NextHandler(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := h.ServeHTTP(w, r, n); err != nil {
-			h.logger.Debug("upstream request failed", zap.Error(err))
-		}
+		h.ServeHTTP(w, r, n) // errors are next's, and an http.Handler returns none
 	})
 }
 
@@ -96,10 +94,10 @@ func (h *Engine) Handler(next http.Handler) http.Handler {
 func (h *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request, next Next) error {
 	sid, ok := sessionIDOf(r)
 	if !ok {
-		return h.reject(w, "", "", http.StatusBadRequest, "more than one Mcp-Session-Id")
+		return h.refuse(w, refuseSessionIDs, to{})
 	}
 	if _, ok := h.rt.Wait(r.Context()); !ok {
-		return h.refuse(w, "", "connecting", "the retention store is not connected; retry later", 5)
+		return h.refuse(w, refuseConnecting, to{sid: sid})
 	}
 	// Any request naming a session the proxy holds (or remembers) must carry
 	// its identity, whatever its method, version, content type or body, and
@@ -107,12 +105,11 @@ func (h *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request, next Next) er
 	// around it exists.
 	switch a, b := h.access(r, sid); policy.Authorize(a) {
 	case policy.Deny:
-		credentialRejections.Inc()
 		lastID := r.Header.Get(hdrLastEventID)
 		if r.Method == http.MethodGet && lastID != "" {
 			resumes.WithLabelValues(policy.Reject.String()).Inc()
 		}
-		return h.reject(w, sid, lastID, http.StatusForbidden, "credentials differ from the session's")
+		return h.refuse(w, refuseCredentials, to{sid: sid, lastID: lastID})
 	case policy.Vouch:
 		if goOn, err := h.vouch(w, r, next, sid, a, b); !goOn {
 			return err

@@ -77,7 +77,7 @@ func (t *upstreamTap) sleep(d time.Duration) bool {
 // sessionGone handles an upstream 404 for the session: it no longer exists
 // there, so it ends here too.
 func (h *Engine) sessionGone(sid string, status int) bool {
-	if status != http.StatusNotFound {
+	if classify(status) != upstreamSessionGone {
 		return false
 	}
 	h.rt.store.Delete(sid, policy.ReasonDeleted)
@@ -132,13 +132,6 @@ func (t *upstreamTap) followRequest(first attemptResult) {
 		res = t.attempt(t.reconnectRequest(), discard(), func(http.Header) bool { return true }, true)
 		t.h.reconnected(t, attempts, res, "")
 	}
-}
-
-// refused reports a status that a reconnect must not retry: the upstream
-// does not know the stream or will not serve it. 409 (the upstream still
-// holds the old connection) and 429 pass with time; 5xx may too.
-func refused(status int) bool {
-	return status >= 400 && status < 500 && status != http.StatusConflict && status != http.StatusTooManyRequests
 }
 
 // reconnected logs and counts one reconnect attempt.

@@ -23,15 +23,11 @@ const maxInitPeek = 1 << 20
 func (h *Engine) serveInitialize(w http.ResponseWriter, r *http.Request, next Next, call jsonrpc.Call) error {
 	asked := call.ProtocolVersion
 	if (asked == "" || resumable(asked)) && !h.rt.store.Admit(policy.Initialized) {
-		limitsHit.WithLabelValues("max_sessions").Inc()
 		h.logger.Warn("initialize refused: max_sessions reached", zap.Int("max_sessions", h.MaxSessions))
-		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, jsonrpc.CanonicalID(call.ID),
-			"mcp-resume: too many sessions (max_sessions); retry later")
-		return nil
+		return h.refuse(w, refuseMaxSessions, to{id: jsonrpc.CanonicalID(call.ID)})
 	}
 	if (asked == "" || resumable(asked)) && h.identityMissing(r) {
-		h.refuseMissingIdentity(w, jsonrpc.CanonicalID(call.ID))
-		return nil
+		return h.refuseMissingIdentity(w, jsonrpc.CanonicalID(call.ID))
 	}
 	up := r.Clone(r.Context())
 	up.Header.Del("Accept-Encoding") // the response is read here

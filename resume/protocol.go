@@ -1,18 +1,14 @@
 package resume
 
 import (
-	"encoding/json"
 	"mime"
 	"net/http"
-	"strconv"
 	"strings"
-
-	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
 )
 
 // What mcp_resume knows of MCP's Streamable HTTP transport: header names,
 // which protocol versions have resumable streams, how requests and SSE
-// responses are recognised, and how the proxy's own errors are written.
+// responses are recognised. (The proxy's own answers are refusals.go's.)
 
 // Header names (canonical form; matching is case-insensitive).
 const (
@@ -92,25 +88,6 @@ func prepareSSEHeaders(h http.Header) {
 	h.Del("Content-Length")
 	h.Del("Content-Encoding")
 }
-
-// writeError answers with an HTTP status and a JSON-RPC error body; id is
-// the request's id (canonical JSON) when one is known.
-func writeError(w http.ResponseWriter, status, code int, id, message string) {
-	var raw json.RawMessage
-	if id != "" {
-		raw = json.RawMessage(id)
-	}
-	body := jsonrpc.ErrorResponse(raw, code, message, nil)
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(body))) // complete in itself, whatever the handler does next
-	if status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
-		w.Header().Set("Retry-After", "5")
-	}
-	w.WriteHeader(status)
-	w.Write(body)
-}
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 func truncate(s string, n int) string {
 	if len(s) > n {

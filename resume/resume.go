@@ -86,10 +86,10 @@ func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
 		})
 		switch {
 		case errors.Is(err, buffer.ErrSessionGone): // the session ended meanwhile
-			return h.reject(w, sid, lastID, http.StatusBadRequest, "the session ended")
+			return h.refuse(w, refuseSessionEnded, to{sid: sid, lastID: lastID})
 		case err != nil: // a shared store that cannot answer now
 			h.logger.Warn("resume refused: the shared store is unavailable", zap.String("session", sid), zap.Error(err))
-			return h.refuse(w, "", "unavailable", "the retention store is unavailable; retry later", 5)
+			return h.refuse(w, refuseUnavailable, to{sid: sid, lastID: lastID})
 		}
 	} else {
 		d = policy.DecideResume(in)
@@ -106,7 +106,7 @@ func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
 	case policy.PassThrough:
 		return next.ServeHTTP(w, r)
 	case policy.Reject:
-		return h.reject(w, sid, lastID, d.Status, d.Detail)
+		return h.refuse(w, refuseCursor, to{sid: sid, lastID: lastID}, d.Detail) // policy refuses cursors with 400
 	case policy.Adopt:
 		return h.serveAdopt(w, r, next, sid, lastID, d.Reason)
 	case policy.Ended:

@@ -32,7 +32,7 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 	if rd == nil {
 		var err error
 		if rd, err = stream.Attach(buffer.FromUndelivered); err != nil {
-			return h.reject(w, sess.ID(), "", http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
+			return h.refuse(w, refuseStandalone, to{sid: sess.ID()})
 		}
 		pre = priming(sess.Meta().Version, sess.Epoch(), stream.Num(), rd.Next())
 	}
@@ -133,12 +133,12 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 	res := t.attemptStandalone(r, w, start, func() bool { return existing != nil })
 	switch {
 	case attachErr != nil:
-		return h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
+		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
 	case existing != nil:
 		s := existing
 		rd, err := s.Standalone().Attach(1)
 		if err != nil {
-			return h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
+			return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
 		}
 		moved := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 0)
 		return h.relayTo(w, r, s, s.Standalone(), rd,
