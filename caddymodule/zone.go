@@ -15,7 +15,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
-	"github.com/mcpresume/caddy-mcp-resume/natsstore"
 	"github.com/mcpresume/caddy-mcp-resume/resume"
 )
 
@@ -254,7 +253,7 @@ func (z *zone) storeOptions() StoreOptions {
 		OnPublish: func(took time.Duration, events int) {
 			resume.ObserveStorePublish(z.name, took)
 		},
-		OnDataLost: func(l natsstore.DataLoss) {
+		OnDataLost: func(l DataLoss) {
 			resume.CountStoreDataLost(z.name)
 			z.logger.Load().Error("shared store lost its data: recreated what was missing; the sessions it held ended",
 				zap.String("zone", z.name), zap.Strings("missing", l.Missing), zap.Int("sessions_lost", l.Sessions),
