@@ -3,7 +3,6 @@ package resume
 import (
 	"bytes"
 	"crypto/sha256"
-	"errors"
 	"io"
 	"net/http"
 
@@ -24,12 +23,6 @@ const peekLimit = 64 << 10
 // servePost handles a POST: initialize (learn the session), requests of a
 // session (tap the SSE response), and everything else (pass through).
 func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, sid string) error {
-	if !isJSON(r.Header.Get("Content-Type")) {
-		return next.ServeHTTP(w, r)
-	}
-	if v := r.Header.Get(hdrVersion); v != "" && !resumable(v) {
-		return next.ServeHTTP(w, r)
-	}
 	st := h.rt.store
 	var sess buffer.Session
 	known := false
@@ -192,66 +185,34 @@ func (h *Engine) adoptOnPost(w http.ResponseWriter, r *http.Request, next Next, 
 	return h.serveCall(w, r, next, nil, version, ids, key)
 }
 
-// serveCall forwards a POST carrying requests and, if the upstream answers
-// with an SSE stream, taps it: the upstream is followed to the last answer
-// whatever the client does, and a relay feeds the client from the log. sess
-// is nil when the session is to be adopted once the upstream answers.
-func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
-	sess buffer.Session, version string, ids []string, key [32]byte) error {
-	t := h.newTap(r, next, sess, version)
-	h.rt.reads.Add(1) // a stopping process drains until the calls it reads end
-	defer h.rt.reads.Add(-1)
-	defer t.close()
-	sid := r.Header.Get(hdrSessionID)
-	start := func(http.Header) bool {
-		if t.sess == nil {
-			s, err := h.rt.store.CreateSession(sid, h.sessionMeta(r, version, policy.Adopted))
-			switch {
-			case errors.Is(err, buffer.ErrSessionExists):
-				if s, _ = h.rt.store.Session(sid); s == nil {
-					return false
-				}
-			case err != nil:
-				h.logger.Warn("session not adopted", zap.String("session", sid), zap.Error(err))
-				return false
-			default:
-				h.logger.Info("session adopted", zap.String("session", sid), zap.String("protocol_version", version))
-			}
-			t.tie(s)
-		}
-		stream, err := t.sess.NewStream(ids, key)
-		if err != nil {
-			h.logger.Warn("stream not retained", zap.String("session", sid), zap.Error(err))
-			untapped.WithLabelValues("stream_refused").Inc()
-			return false
-		}
-		stream.ClaimProducer()
-		t.stream, t.pending = stream, append([]string(nil), ids...)
-		rd, err := stream.Attach(1)
-		if err != nil {
-			// The upstream runs the call now: its answer goes to the
-			// client as it comes, never nowhere. A repeat of the request
-			// finds the stream failed.
-			h.logger.Warn("stream not retained: its client could not be attached; passed through",
-				zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Error(err))
-			untapped.WithLabelValues("attach_failed").Inc()
-			t.abandon(err)
-			return false
-		}
-		if c := h.logger.Check(zap.DebugLevel, "tapping request stream"); c != nil {
-			c.Write(zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Strings("request_ids", ids))
-		}
-		t.startRelay(w, rd, priming(t.sess.Meta().Version, t.sess.Epoch(), stream.Num(), 1), 0)
-		return true
+// statusWriter passes a response through and reports its status.
+type statusWriter struct {
+	*writerWrapper
+	onStatus func(int)
+	done     bool
+}
+
+func (s *statusWriter) WriteHeader(status int) {
+	if !s.done && status >= 200 {
+		s.done = true
+		s.onStatus(status)
 	}
-	out := w
-	if sess != nil {
-		out = h.sessionWatch(w, sid) // an upstream 404 ends the session
+	s.writerWrapper.WriteHeader(status)
+}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if !s.done {
+		s.WriteHeader(http.StatusOK)
 	}
-	res := t.attempt(t.upstreamRequest(r), out, start, false)
-	if !res.tapped {
-		return res.proxied
+	return s.writerWrapper.Write(p)
+}
+
+// sessionGone handles an upstream 404 for the session: it no longer exists
+// there, so it ends here too.
+func (h *Engine) sessionGone(sid string, status int) bool {
+	if policy.Classify(status) != policy.UpstreamSessionGone {
+		return false
 	}
-	t.followRequest(res)
-	return nil // the client already has its response headers
+	h.rt.store.Delete(sid, policy.ReasonDeleted)
+	return true
 }

@@ -182,20 +182,3 @@ func (c *Config) Limits() buffer.Limits {
 		SessionIdleTimeout:   c.SessionIdleTimeout,
 	}
 }
-
-// binding is what a session is bound to, as configured: bind, or the
-// header names of bind_headers.
-func (c *Config) binding() []string {
-	if c.Bind != nil {
-		return c.Bind
-	}
-	return c.BindHeaders
-}
-
-// rebindMode is the configured rebind mode.
-func (c *Config) rebindMode() policy.RebindMode {
-	if m, ok := policy.RebindModes[c.Rebind]; ok {
-		return m
-	}
-	return policy.RebindSubject
-}

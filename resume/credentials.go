@@ -106,6 +106,13 @@ func (h *Engine) credential(r *http.Request) buffer.Credential {
 	return c
 }
 
+// newBinding is what a session r begins is bound with (sessionMeta, its
+// version and origin to come), and whether its identity came out empty
+// (identityMissing): a session bound to nothing would be anyone's.
+func (h *Engine) newBinding(r *http.Request) (meta buffer.SessionMeta, empty bool) {
+	return h.sessionMeta(r, "", 0), h.identityMissing(r)
+}
+
 // sessionMeta is what a new session is bound with: the request's identity
 // and credential under this handler's binding, and the endpoint it began on.
 func (h *Engine) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
@@ -156,14 +163,6 @@ func stripPlaceholders(entry string) string {
 	return b.String()
 }
 
-// refuseMissingIdentity answers a request that would bind a session to an
-// empty identity, with what the operator must fix.
-func (h *Engine) refuseMissingIdentity(w http.ResponseWriter, id string) error {
-	h.logger.Error("session not bound: its bind placeholders are empty for this request; is the authentication handler before mcp_resume?",
-		zap.Strings("bind", h.binding()))
-	return h.refuse(w, refuseIdentityMissing, to{id: id})
-}
-
 func hasBearer(bind []string) bool {
 	for _, e := range bind {
 		if e == BindBearer {
@@ -173,19 +172,6 @@ func hasBearer(bind []string) bool {
 	return false
 }
 
-// requestKind is what a request could get from the proxy's logs.
-func requestKind(r *http.Request) policy.RequestKind {
-	switch {
-	case r.Method == http.MethodPost:
-		return policy.Call
-	case r.Method == http.MethodGet && acceptsSSE(r):
-		return policy.ReadsLog
-	case r.Method == http.MethodDelete:
-		return policy.EndSession
-	}
-	return policy.OtherKind
-}
-
 // bound is what the proxy holds of the session a request names: the
 // session itself, or the tombstone of one that ended here.
 type bound struct {
@@ -193,10 +179,28 @@ type bound struct {
 	meta buffer.SessionMeta
 }
 
+// authorize checks that a request naming a session carries its identity
+// and a credential the upstream accepts for it (policy.Authorize), and
+// reports whether it goes on; when it does not, the client has its answer.
+func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, sid string,
+	kind policy.RequestKind) (goOn bool, err error) {
+	switch a, b := h.access(r, sid, kind); policy.Authorize(a) {
+	case policy.Deny:
+		lastID := r.Header.Get(hdrLastEventID)
+		if kind == policy.ReadsLog && lastID != "" {
+			resumes.WithLabelValues(policy.Reject.String()).Inc()
+		}
+		return false, h.refuse(w, refuseCredentials, to{sid: sid, lastID: lastID})
+	case policy.Vouch:
+		return h.vouch(w, r, next, sid, a, b)
+	}
+	return true, nil
+}
+
 // access is what the proxy knows of the session a request names, for
 // policy.Authorize.
-func (h *Engine) access(r *http.Request, sid string) (policy.Access, bound) {
-	a := policy.Access{Named: sid != "", Kind: requestKind(r), RebindOff: h.rebindMode() == policy.RebindOff}
+func (h *Engine) access(r *http.Request, sid string, kind policy.RequestKind) (policy.Access, bound) {
+	a := policy.Access{Named: sid != "", Kind: kind, RebindOff: h.rebindMode() == policy.RebindOff}
 	if !a.Named {
 		return a, bound{}
 	}
@@ -326,18 +330,11 @@ func (h *Engine) askUpstream(r *http.Request, next Next, sid string, meta buffer
 		}()
 		return next.ServeHTTP(rec, req)
 	}()
-	switch classify(rec.status) {
-	case upstreamAccepted:
-		return policy.Accepted, rec
-	case upstreamDenied:
-		return policy.Refused, rec
-	case upstreamSessionGone:
-		return policy.SessionLost, rec
-	}
-	if err != nil {
+	verdict := policy.Classify(rec.status).Verdict()
+	if verdict == policy.Unverified && err != nil {
 		h.logger.Debug("credential check failed", zap.String("session", sid), zap.Error(err))
 	}
-	return policy.Unverified, rec
+	return verdict, rec
 }
 
 // acceptedGrace is how long the body of an accepted check may take to end.
@@ -388,4 +385,21 @@ func (rc *recorded) relay(w http.ResponseWriter) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(rc.body)))
 	w.WriteHeader(rc.status)
 	w.Write(rc.body)
+}
+
+// binding is what a session is bound to, as configured: bind, or the
+// header names of bind_headers.
+func (c *Config) binding() []string {
+	if c.Bind != nil {
+		return c.Bind
+	}
+	return c.BindHeaders
+}
+
+// rebindMode is the configured rebind mode.
+func (c *Config) rebindMode() policy.RebindMode {
+	if m, ok := policy.RebindModes[c.Rebind]; ok {
+		return m
+	}
+	return policy.RebindSubject
 }

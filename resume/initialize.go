@@ -6,6 +6,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
 	"github.com/mcpresume/caddy-mcp-resume/internal/sse"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
@@ -22,19 +23,23 @@ const maxInitPeek = 1 << 20
 // resumable streams is remembered too, so its traffic is never tapped later.
 func (h *Engine) serveInitialize(w http.ResponseWriter, r *http.Request, next Next, call jsonrpc.Call) error {
 	asked := call.ProtocolVersion
-	if (asked == "" || resumable(asked)) && !h.rt.store.Admit(policy.Initialized) {
+	tapped := asked == "" || resumable(asked)
+	meta, unbound := h.newBinding(r)
+	if tapped && !h.rt.store.Admit(policy.Initialized) {
 		h.logger.Warn("initialize refused: max_sessions reached", zap.Int("max_sessions", h.MaxSessions))
 		return h.refuse(w, refuseMaxSessions, to{id: jsonrpc.CanonicalID(call.ID)})
 	}
-	if (asked == "" || resumable(asked)) && h.identityMissing(r) {
-		return h.refuseMissingIdentity(w, jsonrpc.CanonicalID(call.ID))
+	if tapped && unbound {
+		h.logger.Error("session not bound: its bind placeholders are empty for this request; is the authentication handler before mcp_resume?",
+			zap.Strings("bind", h.binding()))
+		return h.refuse(w, refuseIdentityMissing, to{id: jsonrpc.CanonicalID(call.ID)})
 	}
 	up := r.Clone(r.Context())
 	up.Header.Del("Accept-Encoding") // the response is read here
 	iw := &initWriter{
 		writerWrapper: &writerWrapper{ResponseWriter: w},
 		h:             h,
-		r:             r,
+		meta:          meta,
 	}
 	err := next.ServeHTTP(iw, up)
 	iw.finish()
@@ -55,7 +60,7 @@ const (
 type initWriter struct {
 	*writerWrapper
 	h      *Engine
-	r      *http.Request
+	meta   buffer.SessionMeta // the session's binding, its version and origin to come
 	mode   initMode
 	status int
 	held   []byte
@@ -140,7 +145,9 @@ func (iw *initWriter) learn(version string) {
 		iw.h.logger.Debug("session passes through: protocol version without resumption",
 			zap.String("session", sid), zap.String("protocol_version", version))
 	}
-	_, err := iw.h.rt.store.CreateSession(sid, iw.h.sessionMeta(iw.r, version, origin))
+	meta := iw.meta
+	meta.Version, meta.Origin = version, origin
+	_, err := iw.h.rt.store.CreateSession(sid, meta)
 	if err != nil {
 		if origin == policy.Initialized {
 			iw.h.logger.Warn("session not registered", zap.String("session", sid), zap.Error(err))

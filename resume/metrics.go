@@ -174,14 +174,6 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descTombstones, float64(s.Tombstones))
 }
 
-// available says why a store cannot take new sessions now, or nil.
-func available(st buffer.Store) error {
-	if a, ok := st.(interface{ Available() error }); ok {
-		return a.Available()
-	}
-	return nil
-}
-
 // Collectors are the engine's metrics: the process-wide counters, and a
 // collector reading the stores stores lists at scrape time.
 func Collectors(stores func() []StoreView) []prometheus.Collector {

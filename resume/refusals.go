@@ -17,7 +17,7 @@ import (
 // under an HTTP status, Retry-After for what passes with time, the metric
 // that counts it, and the message, always "mcp-resume: ..." (README.md
 // lists them). What the upstream answers is classified in one place too:
-// classify, at the end of this file.
+// policy.Classify.
 
 // refusal is a kind of answer the proxy writes itself.
 type refusal uint8
@@ -114,66 +114,9 @@ func (h *Engine) refuse(w http.ResponseWriter, k refusal, t to, args ...any) err
 	return nil
 }
 
-// refuseNew answers 503 to a request that would open a session or an
-// upstream read the runtime cannot take now: a call while the process is
-// stopping (the client retries, on another replica), or anything while the
-// shared store is unreachable. It is asked before the request goes
-// upstream: once the upstream has run a call, its answer reaches the client
-// whatever the store says. It reports whether it answered.
-func (h *Engine) refuseNew(w http.ResponseWriter, id string, call bool) bool {
-	if call && h.rt.Draining() {
-		h.refuse(w, refuseDraining, to{id: id})
-		return true
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
 	}
-	if err := h.rt.Unavailable(); err != nil {
-		h.logger.Warn("request refused: the shared store is unavailable", zap.Error(err))
-		h.refuse(w, refuseUnavailable, to{id: id})
-		return true
-	}
-	return false
-}
-
-// upstreamClass is what an upstream status says to the proxy.
-type upstreamClass uint8
-
-const (
-	upstreamNone        upstreamClass = iota // no status (the upstream was unreachable)
-	upstreamAccepted                         // 2xx
-	upstreamSessionGone                      // 404: the upstream does not know the session
-	upstreamDenied                           // 401, 403: the credential is refused
-	upstreamRefused                          // any other 4xx but 409 and 429: asking again will not help
-	upstreamRetry                            // 409 (it still holds another stream), 429, 5xx: may pass with time
-	upstreamOther                            // 1xx, 3xx
-)
-
-// classify is the one reading of upstream statuses: the follower's
-// (refused: do not ask again), the credential check's (the verdict), and
-// the session's end (404), from one switch.
-func classify(status int) upstreamClass {
-	switch {
-	case status == 0:
-		return upstreamNone
-	case status/100 == 2:
-		return upstreamAccepted
-	case status == http.StatusNotFound:
-		return upstreamSessionGone
-	case status == http.StatusUnauthorized || status == http.StatusForbidden:
-		return upstreamDenied
-	case status == http.StatusConflict || status == http.StatusTooManyRequests || status >= 500:
-		return upstreamRetry
-	case status >= 400:
-		return upstreamRefused
-	}
-	return upstreamOther
-}
-
-// refused reports a status that a reconnect must not retry: the upstream
-// does not know the stream or will not serve it. 409 (the upstream still
-// holds the old connection) and 429 pass with time; 5xx may too.
-func refused(status int) bool {
-	switch classify(status) {
-	case upstreamSessionGone, upstreamDenied, upstreamRefused:
-		return true
-	}
-	return false
+	return s
 }

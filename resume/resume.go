@@ -1,6 +1,7 @@
 package resume
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"time"
@@ -9,16 +10,12 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
-	"github.com/mcpresume/caddy-mcp-resume/internal/sse"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 // serveGet handles GET text/event-stream: the standalone stream, and resumes
 // (Last-Event-ID) of any stream, answered from the log.
 func (h *Engine) serveGet(w http.ResponseWriter, r *http.Request, next Next, sid string) error {
-	if v := r.Header.Get(hdrVersion); v != "" && !resumable(v) || sid == "" {
-		return next.ServeHTTP(w, r)
-	}
 	sess, known := h.rt.store.Session(sid)
 	if known && !resumable(sess.Meta().Version) {
 		return next.ServeHTTP(w, r) // a session that is never tapped
@@ -181,21 +178,76 @@ func (h *Engine) serveStream(w http.ResponseWriter, r *http.Request, next Next, 
 	return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
 }
 
-// relayTo starts an SSE response with pre and relays the stream from the
-// reader's position in this request's goroutine.
-func (h *Engine) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
-	rd buffer.Reader, pre []byte, replayUpTo uint64) error {
-	prepareSSEHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
-	rl := h.newRelay(w, sess, stream, rd)
-	rl.replayUpTo = replayUpTo
-	if len(pre) == 0 {
-		pre = sse.AppendComment(nil, "mcp-resume") // bytes at once: intermediaries release the headers
+// serveAdopt answers a resume of the standalone stream of a session the
+// proxy does not hold, with a cursor it minted for that session: the proxy
+// restarted, or the session expired or was purged here. If the upstream
+// still knows the session (it answers a GET with a stream), the proxy takes
+// it over: a gap event tells the client what was lost, then the session's
+// standalone stream follows live. Otherwise the upstream's answer (typically
+// 404: re-initialize) goes to the client.
+func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, sid, lastID string, reason policy.Reason) error {
+	if h.identityMissing(r) {
+		h.logger.Warn("session not adopted: its bind placeholders are empty for this request; passed through",
+			zap.String("session", sid))
+		return next.ServeHTTP(w, r)
 	}
-	if !rl.write(pre) {
-		rd.Close()
-		return nil
+	version := r.Header.Get(hdrVersion)
+	if version == "" {
+		version = defaultVersion
 	}
-	rl.run(r.Context())
+	t := h.newTap(r, next, nil, version)
+	defer t.close()
+	defer context.AfterFunc(h.rt.drainCtx, t.cancel)()
+	var existing buffer.Session // adopted meanwhile by another request
+	var attachErr error         // adopted, but this client could not be attached
+	start := func(http.Header) bool {
+		s, err := h.rt.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
+		if errors.Is(err, buffer.ErrSessionExists) {
+			existing, _ = h.rt.store.Session(sid)
+			t.failure = err // drop this upstream GET: the session has its own
+			return existing != nil
+		}
+		if err != nil {
+			h.logger.Warn("session not adopted", zap.String("session", sid), zap.Error(err))
+			return false
+		}
+		t.tie(s)
+		stream := s.Standalone()
+		stream.ClaimProducer()
+		t.stream = stream
+		rd, err := stream.Attach(1)
+		if err != nil {
+			// The session is adopted; this upstream GET is closed before
+			// a byte of it is read (so nothing taken is lost) and the
+			// client is told at once. Its next GET opens the stream again.
+			attachErr, t.failure = err, err
+			t.cancel()
+			return true
+		}
+		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)
+		pre := gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true)
+		gaps.WithLabelValues(string(reason)).Inc()
+		h.logger.Warn("session adopted after a resume the proxy could not answer: gap signalled",
+			zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)), zap.String("reason", string(reason)))
+		t.startRelay(w, rd, pre, 0)
+		return true
+	}
+	res := t.attemptStandalone(r, w, start, func() bool { return existing != nil })
+	switch {
+	case attachErr != nil:
+		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
+	case existing != nil:
+		s := existing
+		rd, err := s.Standalone().Attach(1)
+		if err != nil {
+			return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
+		}
+		moved := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 0)
+		return h.relayTo(w, r, s, s.Standalone(), rd,
+			gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true), 0)
+	case !res.tapped:
+		return res.proxied // the upstream's answer went to the client
+	}
+	t.followStandalone(res)
 	return nil
 }

@@ -2,14 +2,15 @@ package resume
 
 import (
 	"context"
-
-	"github.com/mcpresume/caddy-mcp-resume/policy"
-	"go.uber.org/zap"
+	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 // Runtime is the state the engines of one store share: the store (which may
@@ -175,4 +176,31 @@ func StoreHooks(log func() *zap.Logger) buffer.Hooks {
 				zap.String("session", session))
 		},
 	}
+}
+
+// available says why a store cannot take new sessions now, or nil.
+func available(st buffer.Store) error {
+	if a, ok := st.(interface{ Available() error }); ok {
+		return a.Available()
+	}
+	return nil
+}
+
+// refuseNew is the runtime's admission of new work: it answers 503 to a
+// request that would open a session or an upstream read the runtime cannot
+// take now: a call while the process is stopping (the client retries, on
+// another replica), or anything while the shared store is unreachable. It is asked before the request goes
+// upstream: once the upstream has run a call, its answer reaches the client
+// whatever the store says. It reports whether it answered.
+func (h *Engine) refuseNew(w http.ResponseWriter, id string, call bool) bool {
+	if call && h.rt.Draining() {
+		h.refuse(w, refuseDraining, to{id: id})
+		return true
+	}
+	if err := h.rt.Unavailable(); err != nil {
+		h.logger.Warn("request refused: the shared store is unavailable", zap.Error(err))
+		h.refuse(w, refuseUnavailable, to{id: id})
+		return true
+	}
+	return false
 }

@@ -69,14 +69,13 @@ func main() {
 // newHandler puts the engine, on a memory store of its own, in front of
 // next at /mcp. close stops the engine's upstream reads and its store.
 func newHandler(next http.Handler, logger *zap.Logger) (h http.Handler, close func(), err error) {
-	cfg := resume.Config{Logger: logger} // zero values: the defaults
-	cfg.SetDefaults()
 	key := make([]byte, 32) // keys the event IDs and credential hashes
 	rand.Read(key)
-	store := buffer.NewMemoryStore(buffer.Options{Limits: cfg.Limits(), Key: key,
+	store := buffer.NewMemoryStore(buffer.Options{Key: key,
 		Hooks: resume.StoreHooks(func() *zap.Logger { return logger })})
 	rt := resume.NewRuntime(store)
-	eng, err := resume.New(cfg, rt)
+	// Zero values take the defaults; the store takes the engine's limits.
+	eng, err := resume.New(resume.Config{Logger: logger}, rt)
 	if err != nil {
 		rt.Close()
 		return nil, nil, err
