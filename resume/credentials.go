@@ -187,7 +187,7 @@ func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, si
 	switch a, b := h.access(r, sid, kind); policy.Authorize(a) {
 	case policy.Deny:
 		lastID := r.Header.Get(hdrLastEventID)
-		if kind == policy.ReadsLog && lastID != "" {
+		if r.Method == http.MethodGet && lastID != "" {
 			resumes.WithLabelValues(policy.Reject.String()).Inc()
 		}
 		return false, h.refuse(w, refuseCredentials, to{sid: sid, lastID: lastID})
