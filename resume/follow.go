@@ -87,7 +87,7 @@ func (t *upstreamTap) followRequest(first attemptResult) {
 			t.stream.Complete()
 			return
 		case t.ctx.Err() != nil:
-			return // the session ended, or Caddy is exiting
+			return // the session ended, or the runtime stopped
 		case t.h.sessionGone(t.sess.ID(), res.status):
 			return
 		case res.tapped && t.lastID == "":
@@ -200,7 +200,7 @@ func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 func (d *discardWriter) WriteHeader(int)             {}
 
 // failureReason maps why a stream cannot go on to its reason; "" means the
-// stream needs no failure of its own (its session ended, Caddy is exiting).
+// stream needs no failure of its own (its session ended, the runtime stopped).
 func (t *upstreamTap) failureReason(err error, broken bool) policy.Reason {
 	var fe *buffer.FailedError
 	switch {

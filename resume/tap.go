@@ -43,7 +43,7 @@ type upstreamTap struct {
 	next   Next
 	client *http.Request // the client's request: context values, headers to carry upstream
 
-	ctx    context.Context // detached: outlives the client, not the session or Caddy
+	ctx    context.Context // detached: outlives the client, not the session or the runtime
 	cancel context.CancelFunc
 	unlink func() bool // undoes the tie to the session's end
 
