@@ -1,7 +1,8 @@
 // Package mcpresume makes MCP servers' SSE streams resumable behind Caddy.
 //
 // Importing it registers the http.handlers.mcp_resume module, its Caddyfile
-// directive mcp_resume and the admin.api.mcp_resume admin routes, so that
+// directive mcp_resume, the admin.api.mcp_resume admin routes and the
+// mcp_resume.stores.memory and .nats store modules, so that
 //
 //	xcaddy build --with github.com/mcpresume/caddy-mcp-resume
 //
@@ -9,6 +10,8 @@
 package mcpresume
 
 import (
-	// Register the Caddy modules.
+	// Register the Caddy modules: the handler, its admin API and the memory
+	// store; the nats store.
 	_ "github.com/mcpresume/caddy-mcp-resume/caddymodule"
+	_ "github.com/mcpresume/caddy-mcp-resume/caddymodule/storenats"
 )

@@ -7,8 +7,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-
-	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 func TestUnmarshalCaddyfile(t *testing.T) {
@@ -108,7 +106,7 @@ func TestDefaultsAreValid(t *testing.T) {
 	if err := h.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	if h.MaxEventBytes != DefaultMaxEventBytes || strings.Join(h.binding(), ",") != "bearer" || h.rebindMode() != policy.RebindSubject {
+	if h.MaxEventBytes != DefaultMaxEventBytes || strings.Join(h.Bind, ",") != "bearer" || h.Rebind != "" {
 		t.Fatalf("defaults: %+v", h)
 	}
 }

@@ -1,15 +1,15 @@
-// Package caddymodule is the Caddy glue of mcp-resume: the http.handlers.mcp_resume
-// middleware, its Caddyfile directive, its admin API and its metrics. The
-// retention logs live in package buffer and the rules in package policy;
-// this package translates HTTP into calls on them.
+// Package caddymodule is the Caddy glue of mcp-resume: the
+// http.handlers.mcp_resume middleware, its Caddyfile directive, its admin
+// API and its metrics registration. The protocol is package resume's (a
+// net/http middleware with no Caddy in it), the retention logs package
+// buffer's and the rules package policy's; this package configures an
+// engine per handler and hands each request to it.
 //
-// Files by concept: handler.go (the module and request dispatch), config.go
-// (defaults and validation), caddyfile.go, protocol.go (what the proxy knows
-// of Streamable HTTP), initialize.go (learning sessions), calls.go (POSTs
-// with requests), tap.go (the one upstream tap), relay.go (log to client),
-// resume.go (GET with Last-Event-ID), standalone.go (the GET stream and
-// adoption), signals.go (gap events and errors), delete.go, zone.go (the
-// stores), admin.go, metrics.go.
+// Files: handler.go (the module: Provision, Cleanup, ServeHTTP), config.go
+// (defaults and validation, as resume.Config), caddyfile.go, zone.go (the
+// retention stores across reloads, their drain on exit), store.go (the
+// mcp_resume.stores namespace and the memory store; the nats store is the
+// module of package caddymodule/storenats), admin.go.
 package caddymodule
 
 import (
@@ -17,16 +17,15 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
-	"github.com/mcpresume/caddy-mcp-resume/policy"
+	"github.com/mcpresume/caddy-mcp-resume/resume"
 )
 
 func init() {
@@ -123,6 +122,7 @@ type Handler struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=mcp_resume.stores inline_key=backend"`
 
 	zone     *zone
+	engine   *resume.Engine
 	storeKey string
 	logger   *zap.Logger
 }
@@ -157,16 +157,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.storeKey = backend.Identity(h.Zone) // another store is another zone
 	drain := DefaultDrainTimeout
-	if n, ok := backend.(*NATSStore); ok {
-		drain = n.drainTimeout()
+	if d, ok := backend.(interface{ DrainFor() time.Duration }); ok {
+		drain = d.DrainFor()
 	}
-	z, err := loadZone(h.Zone, h.storeKey, backend, drain, h.limits(), h.MaxEventBytes, h.logger)
+	cfg := h.config()
+	z, err := loadZone(h.Zone, h.storeKey, backend, drain, cfg.Limits(), h.MaxEventBytes, h.logger)
 	if err != nil {
 		return err
 	}
 	h.zone = z
-	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("mcp_resume: registering metrics: %v", err)
+	cfg.Logger = h.logger
+	cfg.Placeholders = replace
+	if h.engine, err = resume.New(cfg, z.rt); err != nil {
+		return fmt.Errorf("mcp_resume: %v", err)
+	}
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := resume.Register(reg, storeViews); err != nil {
+			return fmt.Errorf("mcp_resume: registering metrics: %v", err)
+		}
 	}
 	if app, err := ctx.App("events"); err == nil {
 		events := app.(*caddyevents.App)
@@ -195,91 +203,19 @@ func (h *Handler) Cleanup() error {
 	return nil
 }
 
-// ServeHTTP implements caddyhttp.MiddlewareHandler.
+// ServeHTTP implements caddyhttp.MiddlewareHandler: the engine has it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	sid, ok := sessionIDOf(r)
+	return h.engine.ServeHTTP(w, r, next)
+}
+
+// replace resolves bind placeholders with the request's Caddy replacer, so
+// bind sees what the handlers before this one set ({http.auth.user.id}).
+func replace(r *http.Request, s string) string {
+	repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if !ok {
-		return h.reject(w, "", "", http.StatusBadRequest, "more than one Mcp-Session-Id")
+		repl = caddy.NewReplacer()
 	}
-	if _, ok := h.zone.wait(r.Context()); !ok {
-		return h.refuse(w, "", "connecting", "the retention store is not connected; retry later", 5)
-	}
-	// Any request naming a session the proxy holds (or remembers) must carry
-	// its identity, whatever its method, version, content type or body, and
-	// a credential the upstream accepts for it: checked first, so no path
-	// around it exists.
-	switch a, b := h.access(r, sid); policy.Authorize(a) {
-	case policy.Deny:
-		credentialRejections.Inc()
-		lastID := r.Header.Get(hdrLastEventID)
-		if r.Method == http.MethodGet && lastID != "" {
-			resumes.WithLabelValues(policy.Reject.String()).Inc()
-		}
-		return h.reject(w, sid, lastID, http.StatusForbidden, "credentials differ from the session's")
-	case policy.Vouch:
-		if goOn, err := h.vouch(w, r, next, sid, a, b); !goOn {
-			return err
-		}
-	}
-	switch r.Method {
-	case http.MethodPost:
-		return h.servePost(w, r, next, sid)
-	case http.MethodGet:
-		if acceptsSSE(r) {
-			return h.serveGet(w, r, next, sid)
-		}
-	case http.MethodDelete:
-		return h.serveDelete(w, r, next, sid)
-	}
-	return next.ServeHTTP(w, r)
-}
-
-// reject answers a request the proxy refuses, with a JSON-RPC error body.
-func (h *Handler) reject(w http.ResponseWriter, sid, lastID string, status int, detail string) error {
-	h.logger.Warn("request rejected", zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)),
-		zap.Int("status", status), zap.String("why", detail))
-	writeError(w, status, jsonrpc.CodeResumeDenied, "", "mcp-resume: "+detail)
-	return nil
-}
-
-// detach returns a context for an upstream request that outlives the client
-// connection (keeping the request's values, which reverse_proxy needs) but
-// not Caddy itself. Callers also tie it to their session's end.
-func (h *Handler) detach(r *http.Request) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	stop := context.AfterFunc(h.zone.stopCtx, cancel)
-	return ctx, func() {
-		stop()
-		cancel()
-	}
-}
-
-// refuseNew answers 503 to a request that would open a session or an
-// upstream read the zone cannot take now: a call while the process is
-// stopping (the client retries, on another replica), or anything while the
-// shared store is unreachable. It is asked before the request goes
-// upstream: once the upstream has run a call, its answer reaches the client
-// whatever the store says. It reports whether it answered.
-func (h *Handler) refuseNew(w http.ResponseWriter, id string, call bool) bool {
-	if call && h.zone.draining.Load() {
-		w.Header().Set("Connection", "close") // the retry goes to a replica that stays
-		h.refuse(w, id, "draining", "this proxy is shutting down; retry", 1)
-		return true
-	}
-	if err := h.zone.unavailable(); err != nil {
-		h.logger.Warn("request refused: the shared store is unavailable", zap.Error(err))
-		h.refuse(w, id, "unavailable", "the retention store is unavailable; retry later", 5)
-		return true
-	}
-	return false
-}
-
-// refuse answers 503 with a JSON-RPC error and Retry-After.
-func (h *Handler) refuse(w http.ResponseWriter, id, reason, why string, retryAfter int) error {
-	storeRefusals.WithLabelValues(reason).Inc()
-	w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
-	writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, id, "mcp-resume: "+why)
-	return nil
+	return repl.ReplaceAll(s, "")
 }
 
 type eventHandler func()

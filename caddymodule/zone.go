@@ -15,8 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
-	"github.com/mcpresume/caddy-mcp-resume/natsstore"
-	"github.com/mcpresume/caddy-mcp-resume/policy"
+	"github.com/mcpresume/caddy-mcp-resume/resume"
 )
 
 // zones holds the retention stores across config reloads: a new config is
@@ -35,28 +34,20 @@ type zone struct {
 	backend StoreModule
 	drain   atomic.Int64 // how long a stopping process drains into a shared store (a reload may change it)
 
-	// store is set once, before ready closes. A shared store is opened when
-	// Caddy has started (never by `caddy validate`) and retried until it
-	// connects; meanwhile requests that need it get 503.
-	store    buffer.Store
-	ready    chan struct{}
+	// rt is the engine's runtime the zone's handlers share: the store and
+	// the upstream reads feeding it. Its store is set once. A shared store
+	// is opened when Caddy has started (never by `caddy validate`) and
+	// retried until it connects; meanwhile requests that need it get 503.
+	// rt stops when this process stops serving the zone: at once on exit
+	// for the memory store, after the drain for a shared one.
+	rt       *resume.Runtime
 	openOnce sync.Once
 	openMu   sync.Mutex      // a store that opens as the zone closes is closed, not leaked
 	ctx      context.Context // ends when the zone is destructed
 	cancel   context.CancelFunc
 
-	// stopCtx ends when this process stops serving the zone: detached
-	// upstream reads and relays end with it. On exit it ends at once for
-	// the memory store, and after the drain for a shared one.
-	stopCtx    context.Context
-	stop       context.CancelFunc
 	exitOnce   sync.Once
-	draining   atomic.Bool     // no new calls: the process is stopping
-	drainUntil atomic.Int64    // when the drain gives up on running calls (unix ns); 0: when they end
-	drainCtx   context.Context // ends when the drain starts: standalone reads, which never end by themselves, end with it
-	drained    context.CancelFunc
-	reads      atomic.Int64   // calls whose upstream response is being read
-	taps       sync.WaitGroup // every upstream tap, until it has closed
+	drainUntil atomic.Int64 // when the drain gives up on running calls (unix ns); 0: when they end
 
 	logger        atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
 	limits        atomic.Pointer[buffer.Limits]
@@ -77,7 +68,7 @@ func (z *zone) Destruct() error {
 			// Caddy's shutdown waits for the requests it tracks only: a call
 			// whose client was cut is read on after its connection was
 			// taken from the server, so the drain is waited for here.
-			<-z.stopCtx.Done()
+			<-z.rt.Done()
 		case z.succeeded():
 			z.drainAfterReload()
 			return nil
@@ -117,7 +108,7 @@ func (z *zone) drainAfterReload() {
 	z.startDrain("a reload moved the zone to another store", false)
 	go func() {
 		defer leftByReload.closed.Done()
-		<-z.stopCtx.Done()
+		<-z.rt.Done()
 		z.close()
 		leftByReload.Lock()
 		delete(leftByReload.zones, z)
@@ -150,24 +141,18 @@ func (z *zone) succeeded() bool {
 
 // close ends the zone: its reads, then its store.
 func (z *zone) close() {
-	z.stop()
+	z.rt.Stop()
 	z.cancel()
 	// The taps end at once now, but they still write what they owe the store
 	// as they close (a standalone stream's upstream cursor, the last batch).
-	tapsClosed := make(chan struct{})
-	go func() { z.taps.Wait(); close(tapsClosed) }()
-	select {
-	case <-tapsClosed:
-	case <-time.After(10 * time.Second):
+	if !z.rt.WaitTaps(10 * time.Second) {
 		z.logger.Load().Warn("upstream taps still closing after 10s; closing the store anyway", zap.String("zone", z.name))
 	}
 	z.openMu.Lock()
 	defer z.openMu.Unlock()
-	select {
-	case <-z.ready:
-		z.store.Close()
-	default: // connect sees the zone's context end, and closes what it opened
-	}
+	if st, ok := z.rt.Store(); ok {
+		st.Close()
+	} // else connect sees the zone's context end, and closes what it opened
 }
 
 func zoneKey(name, storeKey string) string { return "mcp_resume/" + name + "/" + storeKey }
@@ -192,22 +177,18 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 		z.limits.Store(&l)
 		z.maxEventBytes.Store(maxEvent)
 		z.drain.Store(int64(drain))
-		select {
-		case <-z.ready:
-			z.store.SetLimits(l)
-		default: // applied when it opens
-		}
+		if st, ok := z.rt.Store(); ok {
+			st.SetLimits(l)
+		} // else applied when it opens
 	}
 	return z, nil
 }
 
 // newZone makes a zone whose store is not open yet.
 func newZone(name string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64, logger *zap.Logger) *zone {
-	z := &zone{name: name, backend: backend, ready: make(chan struct{})}
+	z := &zone{name: name, backend: backend, rt: resume.NewRuntime(nil)}
 	z.drain.Store(int64(drain))
 	z.ctx, z.cancel = context.WithCancel(context.Background())
-	z.stopCtx, z.stop = context.WithCancel(context.Background())
-	z.drainCtx, z.drained = context.WithCancel(z.stopCtx)
 	z.logger.Store(logger)
 	z.limits.Store(&l)
 	z.maxEventBytes.Store(maxEvent)
@@ -224,8 +205,8 @@ func releaseZone(name, storeKey string) error {
 func (z *zone) open() {
 	z.openOnce.Do(func() {
 		if !z.backend.Shared() {
-			z.store, _ = z.backend.OpenStore(z.ctx, z.name, z.storeOptions())
-			close(z.ready)
+			st, _ := z.backend.OpenStore(z.ctx, z.name, z.storeOptions())
+			z.rt.SetStore(st)
 			return
 		}
 		go z.connect()
@@ -245,8 +226,7 @@ func (z *zone) connect() {
 				return
 			}
 			st.SetLimits(*z.limits.Load()) // a reload may have come meanwhile
-			z.store = st
-			close(z.ready)
+			z.rt.SetStore(st)
 			z.openMu.Unlock()
 			z.logger.Load().Info("shared store connected", zap.String("zone", z.name))
 			return
@@ -267,56 +247,25 @@ func (z *zone) connect() {
 func (z *zone) storeOptions() StoreOptions {
 	return StoreOptions{
 		Limits:        *z.limits.Load(),
-		Hooks:         storeHooks(z.logger.Load),
+		Hooks:         resume.StoreHooks(z.logger.Load),
 		Logger:        z.logger.Load(),
 		MaxEventBytes: z.maxEventBytes.Load(),
 		OnPublish: func(took time.Duration, events int) {
-			storePublish.WithLabelValues(z.name).Observe(took.Seconds())
+			resume.ObserveStorePublish(z.name, took)
 		},
-		OnDataLost: func(l natsstore.DataLoss) {
-			storeDataLost.WithLabelValues(z.name).Inc()
+		OnDataLost: func(l DataLoss) {
+			resume.CountStoreDataLost(z.name)
 			z.logger.Load().Error("shared store lost its data: recreated what was missing; the sessions it held ended",
 				zap.String("zone", z.name), zap.Strings("missing", l.Missing), zap.Int("sessions_lost", l.Sessions),
 				zap.Uint64("events_lost", l.Events), zap.Bool("secret_changed", l.SecretChanged))
 		},
 		OnError: func(op string, err error) {
-			storeErrors.WithLabelValues(z.name, op).Inc()
+			resume.CountStoreError(z.name, op)
 			if c := z.logger.Load().Check(zap.DebugLevel, "shared store operation failed"); c != nil {
 				c.Write(zap.String("zone", z.name), zap.String("op", op), zap.Error(err))
 			}
 		},
 	}
-}
-
-// wait returns the zone's store once it is open, or false if it is not
-// open within a few seconds (a shared store that cannot connect).
-func (z *zone) wait(ctx context.Context) (buffer.Store, bool) {
-	select {
-	case <-z.ready:
-		return z.store, true
-	default:
-	}
-	t := time.NewTimer(storeWait)
-	defer t.Stop()
-	select {
-	case <-z.ready:
-		return z.store, true
-	case <-t.C:
-	case <-ctx.Done():
-	}
-	return nil, false
-}
-
-// storeWait is how long a request waits for a shared store to connect.
-const storeWait = 5 * time.Second
-
-// unavailable says why the store cannot take new sessions or streams now
-// (a shared store that lost its connection), or nil.
-func (z *zone) unavailable() error {
-	if a, ok := z.store.(interface{ Available() error }); ok {
-		return a.Available()
-	}
-	return nil
 }
 
 // exiting is told that the process is stopping. The memory store's reads
@@ -327,11 +276,9 @@ func (z *zone) unavailable() error {
 func (z *zone) exiting() {
 	if !z.backend.Shared() {
 		z.exitOnce.Do(func() {
-			z.stop()
-			select {
-			case <-z.ready:
-				z.store.Close()
-			default:
+			z.rt.Stop()
+			if st, ok := z.rt.Store(); ok {
+				st.Close()
 			}
 		})
 		return
@@ -347,26 +294,25 @@ func (z *zone) startDrain(why string, bounded bool) {
 		z.drainUntil.CompareAndSwap(0, time.Now().Add(time.Duration(z.drain.Load())).UnixNano())
 	}
 	z.exitOnce.Do(func() {
-		z.draining.Store(true)
-		z.drained() // the next GET of a standalone stream goes to another replica
+		z.rt.StartDrain() // new calls get 503; the next GET of a standalone stream goes to another replica
 		logger := z.logger.Load()
 		logger.Info("draining: running upstream reads go on into the shared store; new calls get 503",
-			zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.reads.Load()),
+			zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.rt.Reads()),
 			zap.Duration("drain_timeout", time.Duration(z.drain.Load())), zap.Bool("bounded", bounded))
 		go func() {
-			for z.reads.Load() > 0 {
+			for z.rt.Reads() > 0 {
 				if until := z.drainUntil.Load(); until != 0 && time.Now().UnixNano() >= until {
 					break
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
-			if n := z.reads.Load(); n > 0 {
+			if n := z.rt.Reads(); n > 0 {
 				logger.Warn("drain timed out: the remaining upstream reads are cut and their streams fail",
 					zap.String("zone", z.name), zap.Int64("upstream_reads", n))
 			} else {
 				logger.Info("drained", zap.String("zone", z.name))
 			}
-			z.stop()
+			z.rt.Stop()
 		}()
 	})
 }
@@ -375,10 +321,8 @@ func (z *zone) startDrain(why string, bounded bool) {
 func eachStore(fn func(name string, st buffer.Store)) {
 	zones.Range(func(_, v any) bool {
 		z := v.(*zone)
-		select {
-		case <-z.ready:
-			fn(z.name, z.store)
-		default:
+		if st, ok := z.rt.Store(); ok {
+			fn(z.name, st)
 		}
 		return true
 	})
@@ -408,33 +352,14 @@ func zoneSecret(name string, logger *zap.Logger) []byte {
 	return key
 }
 
-// storeHooks logs what the store decides on its own.
-func storeHooks(log func() *zap.Logger) buffer.Hooks {
-	return buffer.Hooks{
-		StallStarted: func(session string, stream uint32) {
-			log().Info("backpressure: log full, upstream reading paused",
-				zap.String("session", session), zap.Uint32("stream", stream))
-		},
-		StallEnded: func(session string, stream uint32, waited time.Duration) {
-			stallSeconds.Observe(waited.Seconds())
-			log().Info("backpressure: upstream reading resumed",
-				zap.String("session", session), zap.Uint32("stream", stream), zap.Duration("waited", waited))
-		},
-		StreamFailed: func(session string, stream uint32, reason policy.Reason) {
-			log().Warn("stream failed",
-				zap.String("session", session), zap.Uint32("stream", stream), zap.String("reason", string(reason)))
-		},
-		SessionEnded: func(session string, reason policy.Reason) {
-			log().Info("session ended",
-				zap.String("session", session), zap.String("reason", string(reason)))
-		},
-		EvictedBeforeAck: func(session string, stream uint32, seq, n uint64) {
-			log().Error("BUG: event evicted while a client could still ask for it",
-				zap.String("session", session), zap.Uint32("stream", stream), zap.Uint64("seq", seq), zap.Uint64("events", n))
-		},
-		TombstoneDropped: func(session string) {
-			log().Warn("ended session forgotten early: too many ended sessions remembered",
-				zap.String("session", session))
-		},
-	}
+// storeViews lists every zone's store for the metrics collectors.
+func storeViews() []resume.StoreView {
+	var out []resume.StoreView
+	zones.Range(func(_, v any) bool {
+		z := v.(*zone)
+		st, _ := z.rt.Store()
+		out = append(out, resume.StoreView{Zone: z.name, Store: st, Shared: z.backend.Shared()})
+		return true
+	})
+	return out
 }

@@ -11,7 +11,7 @@ import (
 
 // defaultFailureSignals are what a stream whose producer died gets when
 // the embedding layer set no FailureSignals: the bytes the Caddy glue
-// builds (caddymodule/signals.go) for a failure with unknown loss: a gap
+// builds (resume/signals.go) for a failure with unknown loss: a gap
 // event, then a JSON-RPC error for each request still waiting (or, with
 // none waiting, a notifications/message warning).
 func defaultFailureSignals(reason policy.Reason, lastEventID string, pending []string) []buffer.Signal {

@@ -2,8 +2,8 @@
 // session or stream may be created, whether an event may be appended, how a
 // resume is answered, whether an event may be evicted. No I/O, no clocks, no
 // locks: callers pass in what they observed. Each rule lives here once;
-// package buffer keeps the state and asks, package caddymodule speaks HTTP and
-// asks.
+// package buffer keeps the state and asks, package resume (the engine)
+// speaks HTTP and asks. upstream.go reads upstream statuses.
 package policy
 
 import "time"

@@ -207,13 +207,13 @@ func (r *report) appendix() string {
 		}
 	}
 	if r.cfg.gobench {
-		cmd := exec.Command("go", "test", "-run", "^$", "-bench", ".", "-benchmem", "./buffer", "./caddymodule")
+		cmd := exec.Command("go", "test", "-run", "^$", "-bench", ".", "-benchmem", "./buffer", "./resume")
 		cmd.Env = env0
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			out = append(out, err.Error()...)
 		}
-		fmt.Fprintf(&t, "\n#### Micro-benchmarks of the memory store and the tap (`go test -run '^$' -bench . -benchmem ./buffer ./caddymodule`)\n\n```\n%s```\n", out)
+		fmt.Fprintf(&t, "\n#### Micro-benchmarks of the memory store and the tap (`go test -run '^$' -bench . -benchmem ./buffer ./resume`)\n\n```\n%s```\n", out)
 	}
 	return t.String()
 }

@@ -14,13 +14,13 @@ import (
 	"testing"
 )
 
-// moduleMetrics returns the metric names caddymodule/metrics.go defines, from
+// moduleMetrics returns the metric names resume/metrics.go defines, from
 // its source: newCounterVec("x", ...), newCounter("x", ...) and desc("x", ...) calls, and
 // prometheus.*Opts literals with Name: "x"; histograms come with their
 // _bucket, _sum and _count series. The value is the metric's type.
 func moduleMetrics(t *testing.T) map[string]string {
 	t.Helper()
-	path := filepath.Join(repoRoot, "caddymodule", "metrics.go")
+	path := filepath.Join(repoRoot, "resume", "metrics.go")
 	f, err := parser.ParseFile(token.NewFileSet(), path, nil, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func checkExpr(t *testing.T, where, expr string, known map[string]string, used m
 	}
 	for _, r := range refs {
 		if _, ok := known[r]; !ok {
-			t.Errorf("%s: %s is not a metric of caddymodule/metrics.go (expr %s)", where, r, expr)
+			t.Errorf("%s: %s is not a metric of resume/metrics.go (expr %s)", where, r, expr)
 		}
 		used[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(r, "_bucket"), "_sum"), "_count")] = true
 	}
@@ -268,7 +268,7 @@ func stripComments(s string) string {
 var logCall = regexp.MustCompile(`\.(?:Debug|Info|Warn|Error)\(\s*"([^"]+)"|\.Check\(zap\.\w+,\s*"([^"]+)"`)
 
 // README.md covers every metric metrics.go defines and every log
-// message caddymodule writes.
+// message the engine (resume) and the Caddy module write.
 func TestOperationsDocIsComplete(t *testing.T) {
 	doc, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
 	if err != nil {
@@ -282,9 +282,13 @@ func TestOperationsDocIsComplete(t *testing.T) {
 			t.Errorf("README.md does not describe metric %s", name)
 		}
 	}
-	files, err := filepath.Glob(filepath.Join(repoRoot, "caddymodule", "*.go"))
-	if err != nil {
-		t.Fatal(err)
+	var files []string
+	for _, dir := range []string{"resume", "caddymodule", filepath.Join("caddymodule", "storenats")} {
+		fs, err := filepath.Glob(filepath.Join(repoRoot, dir, "*.go"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, fs...)
 	}
 	n := 0
 	for _, f := range files {
@@ -304,6 +308,6 @@ func TestOperationsDocIsComplete(t *testing.T) {
 		}
 	}
 	if n < 10 {
-		t.Errorf("found only %d log calls in caddymodule", n)
+		t.Errorf("found only %d log calls in resume and caddymodule", n)
 	}
 }

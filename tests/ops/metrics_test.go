@@ -253,7 +253,7 @@ func TestEveryMetricIsExposed(t *testing.T) {
 			continue // the family name is not a series
 		}
 		if !present(name) {
-			t.Errorf("%s (%s) is defined in caddymodule/metrics.go but not exposed", name, typ)
+			t.Errorf("%s (%s) is defined in resume/metrics.go but not exposed", name, typ)
 		}
 	}
 }

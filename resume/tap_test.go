@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 // Unit tests of the upstream tap on httptest servers, one per upstream
 // behaviour (early close, connection error, no ids, 404, retry delay,
@@ -19,9 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
@@ -115,24 +113,25 @@ func result(id string, reqID string) string {
 	return fmt.Sprintf("%sevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{}}\n\n", idLine, reqID)
 }
 
-// testHandler is a provisioned-enough Handler on a private memory store.
-func testHandler(t testing.TB) *Handler {
+// testHandler is an engine on a private memory store.
+func testHandler(t testing.TB) *Engine {
 	t.Helper()
-	h := &Handler{StallTimeout: caddy.Duration(5 * time.Second), Keepalive: caddy.Duration(time.Second)}
-	h.setDefaults()
-	h.logger = zap.NewNop()
-	st := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
+	cfg := Config{StallTimeout: 5 * time.Second, Keepalive: time.Second}
+	cfg.SetDefaults()
+	st := buffer.NewMemoryStore(buffer.Options{Limits: cfg.Limits(), Key: []byte("k")})
 	t.Cleanup(st.Close)
-	h.zone = newZone("test", MemoryStore{}, 0, h.limits(), h.MaxEventBytes, h.logger)
-	h.zone.store = st
-	close(h.zone.ready)
-	t.Cleanup(func() { h.zone.stop() })
+	rt := NewRuntime(st)
+	h, err := New(cfg, rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Stop)
 	return h
 }
 
-func newSession(t testing.TB, h *Handler, version string) buffer.Session {
+func newSession(t testing.TB, h *Engine, version string) buffer.Session {
 	t.Helper()
-	s, err := h.zone.store.CreateSession("sess-1", h.sessionMeta(post("0"), version, policy.Initialized))
+	s, err := h.rt.store.CreateSession("sess-1", h.sessionMeta(post("0"), version, policy.Initialized))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +195,7 @@ func checkContiguous(t *testing.T, evs []sseEvent) {
 	}
 }
 
-func serve(t *testing.T, h *Handler, next *upstream, r *http.Request) *httptest.ResponseRecorder {
+func serve(t *testing.T, h *Engine, next *upstream, r *http.Request) *httptest.ResponseRecorder {
 	t.Helper()
 	w := httptest.NewRecorder()
 	done := make(chan error, 1)
@@ -256,7 +255,7 @@ func TestTapFollowsAnUpstreamThatClosesEarly(t *testing.T) {
 	if !strings.Contains(evs[3].Data, `"result"`) {
 		t.Fatalf("no result: %+v", evs)
 	}
-	sess, _ := h.zone.store.Session("sess-1")
+	sess, _ := h.rt.store.Session("sess-1")
 	st, _ := sess.Stream(1)
 	if v := st.View(); v.State != policy.Complete || v.Requests[0].AnsweredAt != 4 {
 		t.Fatalf("stream %+v", v)
@@ -340,10 +339,10 @@ func TestTapReconnectAnswers(t *testing.T) {
 		up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
 			sseStep("eof", progress("x1", 1), "retry: 10\n\n"), statusStep(http.StatusNotFound)}}
 		serve(t, h, up, post("1"))
-		if _, ok := h.zone.store.Session("sess-1"); ok {
+		if _, ok := h.rt.store.Session("sess-1"); ok {
 			t.Fatal("the session outlived the upstream's 404")
 		}
-		if tomb, ok := h.zone.store.Tombstone("sess-1"); !ok || tomb.Reason != policy.ReasonDeleted || len(tomb.Streams) != 1 {
+		if tomb, ok := h.rt.store.Tombstone("sess-1"); !ok || tomb.Reason != policy.ReasonDeleted || len(tomb.Streams) != 1 {
 			t.Fatalf("tombstone %+v %v", tomb, ok)
 		}
 	})
@@ -405,7 +404,7 @@ func TestTapFollowsWhileTheClientIsAway(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	sess, _ := h.zone.store.Session("sess-1")
+	sess, _ := h.rt.store.Session("sess-1")
 	st, _ := sess.Stream(1)
 	if v := st.View(); v.State != policy.Complete || v.Head != 3 {
 		t.Fatalf("the upstream was not followed after the client left: %+v", v)
@@ -445,7 +444,7 @@ func TestTapPassesCompressedThrough(t *testing.T) {
 	if w.Body.String() != "\x1f\x8b binary" || w.Header().Get("Content-Encoding") != "gzip" {
 		t.Fatalf("client got %q %v", w.Body.String(), w.Header())
 	}
-	sess, _ := h.zone.store.Session("sess-1")
+	sess, _ := h.rt.store.Session("sess-1")
 	if _, ok := sess.Stream(1); ok {
 		t.Fatal("a stream was created for an untapped response")
 	}
@@ -478,7 +477,7 @@ func TestTapFollowsTheStandaloneStream(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	leave()
-	h.zone.store.Delete("sess-1", policy.ReasonDeleted) // ends the producer
+	h.rt.store.Delete("sess-1", policy.ReasonDeleted) // ends the producer
 	<-done
 	reqs := up.requests()
 	if len(reqs) != 3 || reqs[0].Header.Get(hdrLastEventID) != "" || reqs[1].Header.Get(hdrLastEventID) != "_1" ||
@@ -552,7 +551,7 @@ func TestTapOneWriteManyEvents(t *testing.T) {
 	if !strings.Contains(raw, "\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\ndata: \"params\"") {
 		t.Fatalf("multi-line data not kept as lines: %q", raw)
 	}
-	s, _ := h.zone.store.Session("sess-1")
+	s, _ := h.rt.store.Session("sess-1")
 	str, _ := s.Stream(1)
 	if v := str.View(); v.State != policy.Complete || v.Requests[0].AnsweredAt != 5 {
 		t.Fatalf("stream %+v", v)
@@ -611,7 +610,7 @@ func TestTapFlushWithoutBatchAppender(t *testing.T) {
 func TestTapPassesThroughWhenAttachFails(t *testing.T) {
 	h := testHandler(t)
 	newSession(t, h, "2025-11-25")
-	h.zone.store = attachFails{h.zone.store}
+	h.rt.store = attachFails{h.rt.store}
 	before := testutil.ToFloat64(untapped.WithLabelValues("attach_failed"))
 	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
 		sseStep("eof", progress("u1", 1), result("u2", "7")),
@@ -623,7 +622,7 @@ func TestTapPassesThroughWhenAttachFails(t *testing.T) {
 	if testutil.ToFloat64(untapped.WithLabelValues("attach_failed")) != before+1 {
 		t.Fatal("untapped_total{attach_failed} did not move")
 	}
-	s, _ := h.zone.store.Session("sess-1")
+	s, _ := h.rt.store.Session("sess-1")
 	str, ok := s.Stream(1)
 	if !ok || str.View().State != policy.Failed {
 		t.Fatalf("the stream is %+v, not failed", str.View())
@@ -709,9 +708,9 @@ func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
 				cursor := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 3)
 				// The proxy "restarted": a new store with the same key holds
 				// nothing, and its standalone streams cannot attach a client.
-				fresh := buffer.NewMemoryStore(buffer.Options{Limits: h.limits(), Key: []byte("k")})
+				fresh := buffer.NewMemoryStore(buffer.Options{Limits: h.Limits(), Key: []byte("k")})
 				t.Cleanup(fresh.Close)
-				h.zone.store = standaloneAttachFails{fresh}
+				h.rt.store = standaloneAttachFails{fresh}
 				up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{tc.step}}
 				srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					if err := h.ServeHTTP(w, r, up); err != nil {
@@ -724,7 +723,7 @@ func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
 				} else {
 					srv.Start()
 				}
-				defer func() { h.zone.stop(); srv.Close() }()
+				defer func() { h.rt.Stop(); srv.Close() }()
 
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				defer cancel()
@@ -785,7 +784,7 @@ func TestStandaloneUntappableAnswerPassesAtOnce(t *testing.T) {
 			t.Logf("ServeHTTP: %v", err)
 		}
 	}))
-	defer func() { h.zone.stop(); srv.Close() }()
+	defer func() { h.rt.Stop(); srv.Close() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
@@ -825,14 +824,14 @@ func earlyHints(final func(http.ResponseWriter, *http.Request) error) func(http.
 
 // standaloneGet opens the session's standalone stream over real HTTP and
 // returns what came within about a second.
-func standaloneGet(t *testing.T, h *Handler, up *upstream) (*http.Response, string) {
+func standaloneGet(t *testing.T, h *Engine, up *upstream) (*http.Response, string) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := h.ServeHTTP(w, r, up); err != nil {
 			t.Logf("ServeHTTP: %v", err)
 		}
 	}))
 	t.Cleanup(srv.Close)
-	t.Cleanup(func() { h.zone.stop() })
+	t.Cleanup(func() { h.rt.Stop() })
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
@@ -861,7 +860,7 @@ func TestEarlyHintsThen404EndsTheSession(t *testing.T) {
 	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{earlyHints(statusStep(404))}}
 	resp, body := standaloneGet(t, h, up)
 	t.Logf("client got %d %v %q", resp.StatusCode, resp.Header, body)
-	if _, ok := h.zone.store.Session("sess-1"); ok {
+	if _, ok := h.rt.store.Session("sess-1"); ok {
 		t.Errorf("session still held after upstream 404")
 	}
 	if resp.StatusCode != 404 {

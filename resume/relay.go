@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"context"
@@ -15,6 +15,12 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
+// The way from a log to a client, and all a client is written: the SSE
+// response headers, the preamble (priming, or a gap's signals), the relay
+// that follows the log (in the request's goroutine, relayTo, or beside a
+// tap, startRelay), keep-alives, the hold of a response with nothing to
+// send, and the cut of a connection another one took over.
+
 // relayBatch bounds the bytes a relay takes from the log per write: a
 // blocked client pins at most this outside the log's byte bounds (a single
 // larger event is written alone).
@@ -24,7 +30,7 @@ const relayBatch = 256 << 10
 // until the stream ends, the client goes, or another connection takes over.
 // It is the only path from the log to a client.
 type relay struct {
-	h      *Handler
+	h      *Engine
 	w      http.ResponseWriter
 	rc     *http.ResponseController
 	sess   buffer.Session
@@ -37,7 +43,7 @@ type relay struct {
 	delivered  uint64 // the last seq written to the client
 }
 
-func (h *Handler) newRelay(w http.ResponseWriter, sess buffer.Session, stream buffer.Stream, rd buffer.Reader) *relay {
+func (h *Engine) newRelay(w http.ResponseWriter, sess buffer.Session, stream buffer.Stream, rd buffer.Reader) *relay {
 	return &relay{h: h, w: w, rc: http.NewResponseController(w), sess: sess, stream: stream, rd: rd,
 		dst: make([][]byte, 0, 8)}
 }
@@ -60,7 +66,7 @@ func (rl *relay) run(ctx context.Context) {
 	// (on another replica, when the store is shared).
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stopping := rl.h.zone.stopCtx
+	stopping := rl.h.rt.stopCtx
 	defer context.AfterFunc(stopping, cancel)()
 	idle := time.Duration(rl.h.Keepalive)
 	for {
@@ -166,7 +172,7 @@ func (rl *relay) sessionEnded() {
 		return
 	}
 	reason := policy.ReasonDeleted
-	if tomb, ok := rl.h.zone.store.Tombstone(rl.sess.ID()); ok && tomb.Reason != "" {
+	if tomb, ok := rl.h.rt.store.Tombstone(rl.sess.ID()); ok && tomb.Reason != "" {
 		reason = tomb.Reason
 	}
 	gaps.WithLabelValues(string(reason)).Inc()
@@ -181,7 +187,7 @@ func (rl *relay) sessionEnded() {
 // the client leaves, done closes or d passes: for a resume whose stream the
 // proxy knows nothing of, where ending the response would only make the
 // client reconnect and ask again.
-func (h *Handler) hold(ctx context.Context, w http.ResponseWriter, done <-chan struct{}, d time.Duration) {
+func (h *Engine) hold(ctx context.Context, w http.ResponseWriter, done <-chan struct{}, d time.Duration) {
 	rc := http.NewResponseController(w)
 	tick := time.NewTicker(time.Duration(h.Keepalive))
 	defer tick.Stop()
@@ -195,7 +201,7 @@ func (h *Handler) hold(ctx context.Context, w http.ResponseWriter, done <-chan s
 			return
 		case <-limit.C:
 			return
-		case <-h.zone.stopCtx.Done():
+		case <-h.rt.stopCtx.Done():
 			return
 		case <-tick.C:
 			if _, err := w.Write(sse.AppendComment(nil, "keepalive")); err != nil || rc.Flush() != nil {
@@ -218,3 +224,83 @@ func abortClient(w http.ResponseWriter) {
 	rc.SetWriteDeadline(time.Unix(1, 0))
 	rc.Flush()
 }
+
+// prepareSSEHeaders sets what every SSE response from the proxy carries. The
+// body length is the proxy's business now, and intermediaries must not
+// buffer or transform it.
+func prepareSSEHeaders(h http.Header) {
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache, no-transform")
+	h.Set("X-Accel-Buffering", "no")
+	h.Del("Content-Length")
+	h.Del("Content-Encoding")
+}
+
+// gapPreamble is what a resume that met a gap writes before anything else:
+// the gap event under id (moving the client's cursor), then an error for
+// each lost request, or a warning when the stream goes on.
+func gapPreamble(id []byte, g gapInfo, lostIDs []string, goesOn bool) []byte {
+	out := sse.AppendID(nil, string(id))
+	out = append(gapFields(out, g), '\n')
+	for _, rid := range lostIDs {
+		out = append(lostFields(out, rid, g.Reason, g.LastEventID, g.Lost), '\n')
+	}
+	if goesOn && len(lostIDs) == 0 {
+		out = append(warningFields(out, g.Reason, g.LastEventID, g.Lost), '\n')
+	}
+	return out
+}
+
+// priming is the preamble of a stream a client starts reading at from: for
+// sessions that prime (2025-11-25), an event with the ID of the position
+// before from and empty data, so a client that drops before the next event
+// can still resume; else a comment. Either way bytes go out at once, so
+// intermediaries release the headers.
+func priming(version, epoch string, num uint32, from uint64) []byte {
+	if primes(version) {
+		out := sse.AppendID(nil, string(eventid.Append(nil, epoch, num, from-1)))
+		return append(out, "data: \n\n"...)
+	}
+	return sse.AppendComment(nil, "mcp-resume")
+}
+
+// startRelay writes the client's response headers and pre, and relays the
+// stream from rd in a goroutine; close waits for it.
+func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []byte, replayUpTo uint64) {
+	prepareSSEHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	rl := t.h.newRelay(w, t.sess, t.stream, rd)
+	rl.replayUpTo = replayUpTo
+	t.relayDone = make(chan struct{})
+	go func() {
+		defer close(t.relayDone)
+		if rl.write(pre) {
+			rl.run(t.client.Context())
+		} else {
+			rd.Close()
+		}
+	}()
+}
+
+// relayTo starts an SSE response with pre and relays the stream from the
+// reader's position in this request's goroutine.
+func (h *Engine) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
+	rd buffer.Reader, pre []byte, replayUpTo uint64) error {
+	prepareSSEHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	rl := h.newRelay(w, sess, stream, rd)
+	rl.replayUpTo = replayUpTo
+	if len(pre) == 0 {
+		pre = sse.AppendComment(nil, "mcp-resume") // bytes at once: intermediaries release the headers
+	}
+	if !rl.write(pre) {
+		rd.Close()
+		return nil
+	}
+	rl.run(r.Context())
+	return nil
+}
+
+// primes reports whether a session's streams start with a priming event:
+// only from 2025-11-25 on, since older clients may choke on empty data.
+func primes(version string) bool { return version >= "2025-11-25" }

@@ -1,10 +1,9 @@
-package caddymodule
+package resume
 
 import (
 	"encoding/json"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
-	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
 	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
 	"github.com/mcpresume/caddy-mcp-resume/internal/sse"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
@@ -13,7 +12,9 @@ import (
 // How the proxy tells a client that events are gone, in one place: the gap
 // event that moves its cursor (for SSE-aware clients), then what standard
 // MCP clients act on: a notifications/message warning where the stream goes
-// on, a JSON-RPC error for each request whose answer is lost.
+// on, a JSON-RPC error for each request whose answer is lost. A failing
+// stream's log gets them (FailureSignals); a resume that meets a gap writes
+// them first (relay.go's gapPreamble).
 
 // gapInfo is the data of a gap event.
 type gapInfo struct {
@@ -51,10 +52,10 @@ func lostFields(dst []byte, id string, reason policy.Reason, lastEventID string,
 		map[string]any{"reason": reason, "lastEventId": lastEventID, "lost": lost}))
 }
 
-// failureSignals are what a stream that fails gets appended: a gap event,
+// FailureSignals are what a stream that fails gets appended: a gap event,
 // then an error for each request still waiting for its answer (a request
 // stream) or a warning (the standalone stream, which goes on).
-func failureSignals(reason policy.Reason, lastEventID string, pending []string) []buffer.Signal {
+func FailureSignals(reason policy.Reason, lastEventID string, pending []string) []buffer.Signal {
 	sigs := []buffer.Signal{{Fields: gapFields(nil, gapInfo{LastEventID: lastEventID, Lost: -1, Reason: reason})}}
 	if len(pending) == 0 {
 		return append(sigs, buffer.Signal{Fields: warningFields(nil, reason, lastEventID, -1)})
@@ -63,32 +64,4 @@ func failureSignals(reason policy.Reason, lastEventID string, pending []string) 
 		sigs = append(sigs, buffer.Signal{Fields: lostFields(nil, id, reason, lastEventID, -1), Answers: []string{id}})
 	}
 	return sigs
-}
-
-// gapPreamble is what a resume that met a gap writes before anything else:
-// the gap event under id (moving the client's cursor), then an error for
-// each lost request, or a warning when the stream goes on.
-func gapPreamble(id []byte, g gapInfo, lostIDs []string, goesOn bool) []byte {
-	out := sse.AppendID(nil, string(id))
-	out = append(gapFields(out, g), '\n')
-	for _, rid := range lostIDs {
-		out = append(lostFields(out, rid, g.Reason, g.LastEventID, g.Lost), '\n')
-	}
-	if goesOn && len(lostIDs) == 0 {
-		out = append(warningFields(out, g.Reason, g.LastEventID, g.Lost), '\n')
-	}
-	return out
-}
-
-// priming is the preamble of a stream a client starts reading at from: for
-// sessions that prime (2025-11-25), an event with the ID of the position
-// before from and empty data, so a client that drops before the next event
-// can still resume; else a comment. Either way bytes go out at once, so
-// intermediaries release the headers.
-func priming(version, epoch string, num uint32, from uint64) []byte {
-	if primes(version) {
-		out := sse.AppendID(nil, string(eventid.Append(nil, epoch, num, from-1)))
-		return append(out, "data: \n\n"...)
-	}
-	return sse.AppendComment(nil, "mcp-resume")
 }

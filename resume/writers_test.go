@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"bufio"
@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
@@ -36,12 +34,12 @@ func initializeResult(version string) string {
 // session was registered by then.
 type watchingWriter struct {
 	*httptest.ResponseRecorder
-	h          *Handler
+	h          *Engine
 	registered []bool
 }
 
 func (w *watchingWriter) Write(p []byte) (int, error) {
-	_, ok := w.h.zone.store.Session("sess-1")
+	_, ok := w.h.rt.store.Session("sess-1")
 	w.registered = append(w.registered, ok)
 	return w.ResponseRecorder.Write(p)
 }
@@ -82,7 +80,7 @@ func TestInitializeRegistersBeforeTheResult(t *testing.T) {
 			if got := w.Body.String(); got != sent {
 				t.Fatalf("client got %q, want the upstream's %q", got, sent)
 			}
-			if sess, _ := h.zone.store.Session("sess-1"); sess.Meta().Version != "2025-11-25" || sess.Meta().Origin != policy.Initialized {
+			if sess, _ := h.rt.store.Session("sess-1"); sess.Meta().Version != "2025-11-25" || sess.Meta().Origin != policy.Initialized {
 				t.Fatalf("session meta %+v", sess.Meta())
 			}
 		})
@@ -104,7 +102,7 @@ func TestInitializeOfAnUnresumableVersion(t *testing.T) {
 		sseStep("eof", call),
 	}}
 	serve(t, h, next, initializeRequest("2026-07-28"))
-	sess, ok := h.zone.store.Session("sess-1")
+	sess, ok := h.rt.store.Session("sess-1")
 	if !ok || sess.Meta().Origin != policy.Untapped {
 		t.Fatalf("session %v held as %+v, want untapped", ok, sess)
 	}
@@ -147,7 +145,7 @@ func TestInitializeWriterPassesThrough(t *testing.T) {
 			if w.Body.String() != want {
 				t.Fatalf("client got %d bytes, want the upstream's %d", w.Body.Len(), len(want))
 			}
-			if _, ok := h.zone.store.Session("sess-1"); ok {
+			if _, ok := h.rt.store.Session("sess-1"); ok {
 				t.Fatal("a session was registered from a response the writer could not inspect")
 			}
 		})
@@ -156,7 +154,7 @@ func TestInitializeWriterPassesThrough(t *testing.T) {
 
 // relayServer serves h (with next as the upstream) on a real socket, as the
 // relay needs: flushes, hijacks, write errors.
-func relayServer(t *testing.T, h *Handler, next *upstream) *httptest.Server {
+func relayServer(t *testing.T, h *Engine, next *upstream) *httptest.Server {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(w, r, next)
 	}))
@@ -214,7 +212,7 @@ func readSSE(t *testing.T, body io.Reader, n int) (evs []sseEvent, comments int)
 // connection to the stream takes it over and the first is cut.
 func TestRelay(t *testing.T) {
 	h := testHandler(t)
-	h.Keepalive = caddy.Duration(50 * time.Millisecond)
+	h.Keepalive = 50 * time.Millisecond
 	sess := newSession(t, h, "2025-11-25")
 	release := make(chan struct{})
 	next := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{

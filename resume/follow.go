@@ -1,16 +1,20 @@
-package caddymodule
+package resume
 
 // Following the upstream: when its response ends before the call is
 // answered (SEP-1699 polling, a dropped connection), or its standalone
 // stream ends while the session lives, the tap asks again with GET and the
-// upstream's own Last-Event-ID.
+// upstream's own Last-Event-ID, into the same stream, until it is answered
+// or fails (failureReason: why a stream cannot go on).
 
 import (
+	"errors"
 	"net/http"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/internal/sse"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
@@ -28,14 +32,6 @@ func (t *upstreamTap) reconnectRequest() *http.Request {
 	if t.lastID != "" {
 		req.Header.Set(hdrLastEventID, t.lastID)
 	}
-	return req
-}
-
-// upstreamRequest is the client's request as the tap forwards it: detached,
-// and asking for an uncompressed response, which the tap must read.
-func (t *upstreamTap) upstreamRequest(r *http.Request) *http.Request {
-	req := r.Clone(t.ctx)
-	req.Header.Del("Accept-Encoding")
 	return req
 }
 
@@ -74,16 +70,6 @@ func (t *upstreamTap) sleep(d time.Duration) bool {
 	}
 }
 
-// sessionGone handles an upstream 404 for the session: it no longer exists
-// there, so it ends here too.
-func (h *Handler) sessionGone(sid string, status int) bool {
-	if status != http.StatusNotFound {
-		return false
-	}
-	h.zone.store.Delete(sid, policy.ReasonDeleted)
-	return true
-}
-
 // followRequest keeps a request stream fed until each of its requests is
 // answered: after the first response ends early, it resumes the upstream's
 // stream with GETs, within maxReconnects attempts without progress and
@@ -101,14 +87,14 @@ func (t *upstreamTap) followRequest(first attemptResult) {
 			t.stream.Complete()
 			return
 		case t.ctx.Err() != nil:
-			return // the session ended, or Caddy is exiting
+			return // the session ended, or the runtime stopped
 		case t.h.sessionGone(t.sess.ID(), res.status):
 			return
 		case res.tapped && t.lastID == "":
 			// Ended early with no way to ask for the rest.
 			t.fail(t.failureReason(nil, res.broken))
 			return
-		case !res.tapped && attempts > 0 && refused(res.status):
+		case !res.tapped && attempts > 0 && policy.Classify(res.status).Refused():
 			t.h.reconnected(t, attempts, res, "refused")
 			t.fail(policy.ReasonUpstreamFailed)
 			return
@@ -134,20 +120,13 @@ func (t *upstreamTap) followRequest(first attemptResult) {
 	}
 }
 
-// refused reports a status that a reconnect must not retry: the upstream
-// does not know the stream or will not serve it. 409 (the upstream still
-// holds the old connection) and 429 pass with time; 5xx may too.
-func refused(status int) bool {
-	return status >= 400 && status < 500 && status != http.StatusConflict && status != http.StatusTooManyRequests
-}
-
 // reconnected logs and counts one reconnect attempt.
-func (h *Handler) reconnected(t *upstreamTap, attempt int, res attemptResult, outcome string) {
+func (h *Engine) reconnected(t *upstreamTap, attempt int, res attemptResult, outcome string) {
 	if outcome == "" {
 		switch {
 		case res.tapped:
 			outcome = "resumed"
-		case refused(res.status):
+		case policy.Classify(res.status).Refused():
 			outcome = "refused"
 		default:
 			outcome = "failed"
@@ -178,7 +157,7 @@ func (t *upstreamTap) followStandalone(first attemptResult) {
 			t.fail(t.failureReason(t.failure, res.broken))
 			return
 		}
-		if t.ctx.Err() != nil || t.h.sessionGone(t.sess.ID(), res.status) || refused(res.status) && !res.tapped {
+		if t.ctx.Err() != nil || t.h.sessionGone(t.sess.ID(), res.status) || policy.Classify(res.status).Refused() && !res.tapped {
 			return
 		}
 		if res.tapped && t.lastID == "" && !t.stream.Connected() {
@@ -212,4 +191,31 @@ func (t *upstreamTap) followStandalone(first attemptResult) {
 		res = t.attempt(t.reconnectRequest(), discard(), func(http.Header) bool { return true }, false)
 		t.h.reconnected(t, attempts, res, "")
 	}
+}
+
+// discardWriter is where a reconnect's response goes when it is not
+// tapped: nowhere (the client's response is the relay's).
+type discardWriter struct{ h http.Header }
+
+func discard() *discardWriter                        { return &discardWriter{h: http.Header{}} }
+func (d *discardWriter) Header() http.Header         { return d.h }
+func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (d *discardWriter) WriteHeader(int)             {}
+
+// failureReason maps why a stream cannot go on to its reason; "" means the
+// stream needs no failure of its own (its session ended, the runtime stopped).
+func (t *upstreamTap) failureReason(err error, broken bool) policy.Reason {
+	var fe *buffer.FailedError
+	switch {
+	case errors.As(err, &fe):
+		return fe.Reason
+	case errors.Is(err, errTooLarge), errors.Is(err, sse.ErrEventTooLarge):
+		limitsHit.WithLabelValues("max_event_bytes").Inc()
+		return policy.ReasonTooLarge
+	case t.ctx.Err() != nil, errors.Is(err, buffer.ErrStreamEnded), errors.Is(err, buffer.ErrSessionGone):
+		return ""
+	case err != nil, broken:
+		return policy.ReasonUpstreamFailed
+	}
+	return policy.ReasonUpstreamClosed
 }

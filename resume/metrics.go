@@ -1,7 +1,8 @@
-package caddymodule
+package resume
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -9,9 +10,10 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// Metric names are caddy_mcp_resume_*. Counters kept by the stores and by
-// this package live as long as the process, so a config reload never resets
-// them. Store figures are summed over zones.
+// Metric names are caddy_mcp_resume_* (the engine's metrics are the Caddy
+// module's, under the same names embedded or not). Counters kept by the
+// stores and by this package live as long as the process, so a config
+// reload never resets them. Store figures are summed over stores.
 const namespace, subsystem = "caddy", "mcp_resume"
 
 func newCounterVec(name, help string, labels ...string) *prometheus.CounterVec {
@@ -59,8 +61,17 @@ var (
 	})
 )
 
+// StoreView is one store as the collectors see it at scrape time: its
+// zone's name, the store (nil while it is not open) and whether it is
+// shared (only a shared store has store_up).
+type StoreView struct {
+	Zone   string
+	Store  buffer.Store
+	Shared bool
+}
+
 // storeCollector reads the live stores' counters and gauges at scrape time.
-type storeCollector struct{}
+type storeCollector struct{ stores func() []StoreView }
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(namespace, subsystem, name), help, labels, nil)
@@ -93,26 +104,26 @@ func (storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-func (storeCollector) Collect(ch chan<- prometheus.Metric) {
-	zones.Range(func(_, v any) bool {
-		if z := v.(*zone); z.backend.Shared() {
+func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
+	views := c.stores()
+	for _, v := range views {
+		if v.Shared {
 			up := 0.0
-			select {
-			case <-z.ready:
-				if z.unavailable() == nil {
-					up = 1
-				}
-			default:
+			if v.Store != nil && available(v.Store) == nil {
+				up = 1
 			}
-			ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up, z.name)
+			ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up, v.Zone)
 		}
-		return true
-	})
+	}
 	var n int
 	var enq, ev, early, fromEv, stalls, tombsDropped uint64
 	failed := make(map[policy.Reason]uint64)
 	var s buffer.Stats
-	eachStore(func(_ string, st buffer.Store) {
+	for _, v := range views {
+		st := v.Store
+		if st == nil {
+			continue
+		}
 		n++
 		c := st.Counters()
 		enq += c.EventsEnqueued.Load()
@@ -133,7 +144,7 @@ func (storeCollector) Collect(ch chan<- prometheus.Metric) {
 		s.StalledStreams += z.StalledStreams
 		s.Detached += z.Detached
 		s.Tombstones += z.Tombstones
-	})
+	}
 	if n == 0 {
 		return
 	}
@@ -163,14 +174,21 @@ func (storeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descTombstones, float64(s.Tombstones))
 }
 
-// registerMetrics adds the collectors to a config's registry. Each config
-// gets a new registry; the collectors are the same process-wide ones.
-func registerMetrics(reg *prometheus.Registry) error {
+// Collectors are the engine's metrics: the process-wide counters, and a
+// collector reading the stores stores lists at scrape time.
+func Collectors(stores func() []StoreView) []prometheus.Collector {
+	return []prometheus.Collector{resumes, gaps, limitsHit, upstreamReconnects, untapped, replayed,
+		retriesServed, credentialRejections, credentialChecks, storeRefusals, storeErrors, storeDataLost,
+		storePublish, stallSeconds, storeCollector{stores}}
+}
+
+// Register adds Collectors(stores) to reg; collectors reg has already (a
+// config reload registers them again) are no error.
+func Register(reg prometheus.Registerer, stores func() []StoreView) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{resumes, gaps, limitsHit, upstreamReconnects, untapped, replayed,
-		retriesServed, credentialRejections, credentialChecks, storeRefusals, storeErrors, storeDataLost, storePublish, stallSeconds, storeCollector{}} {
+	for _, c := range Collectors(stores) {
 		if err := reg.Register(c); err != nil {
 			var already prometheus.AlreadyRegisteredError
 			if !errors.As(err, &already) {
@@ -180,3 +198,14 @@ func registerMetrics(reg *prometheus.Registry) error {
 	}
 	return nil
 }
+
+// ObserveStorePublish records how long a shared store took to store a batch.
+func ObserveStorePublish(zone string, took time.Duration) {
+	storePublish.WithLabelValues(zone).Observe(took.Seconds())
+}
+
+// CountStoreError counts a failed operation of a shared store.
+func CountStoreError(zone, op string) { storeErrors.WithLabelValues(zone, op).Inc() }
+
+// CountStoreDataLost counts a shared store that found its data gone.
+func CountStoreDataLost(zone string) { storeDataLost.WithLabelValues(zone).Inc() }

@@ -1,26 +1,22 @@
-package caddymodule
+package resume
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
-	"github.com/mcpresume/caddy-mcp-resume/internal/sse"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 // serveGet handles GET text/event-stream: the standalone stream, and resumes
 // (Last-Event-ID) of any stream, answered from the log.
-func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string) error {
-	if v := r.Header.Get(hdrVersion); v != "" && !resumable(v) || sid == "" {
-		return next.ServeHTTP(w, r)
-	}
-	sess, known := h.zone.store.Session(sid)
+func (h *Engine) serveGet(w http.ResponseWriter, r *http.Request, next Next, sid string) error {
+	sess, known := h.rt.store.Session(sid)
 	if known && !resumable(sess.Meta().Version) {
 		return next.ServeHTTP(w, r) // a session that is never tapped
 	}
@@ -40,9 +36,9 @@ func (h *Handler) serveGet(w http.ResponseWriter, r *http.Request, next caddyhtt
 
 // serveResume answers a GET with Last-Event-ID from what the proxy holds
 // and remembers; policy.DecideResume says how.
-func (h *Handler) serveResume(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
 	sid string, sess buffer.Session, lastID string) error {
-	st := h.zone.store
+	st := h.rt.store
 	in := policy.ResumeInput{SessionHeader: true}
 	cur, perr := eventid.Parse(lastID)
 	if perr == nil {
@@ -87,10 +83,10 @@ func (h *Handler) serveResume(w http.ResponseWriter, r *http.Request, next caddy
 		})
 		switch {
 		case errors.Is(err, buffer.ErrSessionGone): // the session ended meanwhile
-			return h.reject(w, sid, lastID, http.StatusBadRequest, "the session ended")
+			return h.refuse(w, refuseSessionEnded, to{sid: sid, lastID: lastID})
 		case err != nil: // a shared store that cannot answer now
 			h.logger.Warn("resume refused: the shared store is unavailable", zap.String("session", sid), zap.Error(err))
-			return h.refuse(w, "", "unavailable", "the retention store is unavailable; retry later", 5)
+			return h.refuse(w, refuseUnavailable, to{sid: sid, lastID: lastID})
 		}
 	} else {
 		d = policy.DecideResume(in)
@@ -107,7 +103,7 @@ func (h *Handler) serveResume(w http.ResponseWriter, r *http.Request, next caddy
 	case policy.PassThrough:
 		return next.ServeHTTP(w, r)
 	case policy.Reject:
-		return h.reject(w, sid, lastID, d.Status, d.Detail)
+		return h.refuse(w, refuseCursor, to{sid: sid, lastID: lastID}, d.Detail) // policy refuses cursors with 400
 	case policy.Adopt:
 		return h.serveAdopt(w, r, next, sid, lastID, d.Reason)
 	case policy.Ended:
@@ -174,7 +170,7 @@ func pastView(p buffer.Past, num uint32) *policy.PastView {
 
 // serveStream relays a resumed stream from rd, after pre. A standalone
 // stream that no upstream GET feeds gets one (this request's).
-func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sess buffer.Session,
+func (h *Engine) serveStream(w http.ResponseWriter, r *http.Request, next Next, sess buffer.Session,
 	stream buffer.Stream, rd buffer.Reader, pre []byte, replayUpTo uint64) error {
 	if stream.Kind() == policy.StandaloneStream {
 		return h.serveStandalone(w, r, next, sess, rd, pre, replayUpTo)
@@ -182,21 +178,76 @@ func (h *Handler) serveStream(w http.ResponseWriter, r *http.Request, next caddy
 	return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
 }
 
-// relayTo starts an SSE response with pre and relays the stream from the
-// reader's position in this request's goroutine.
-func (h *Handler) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
-	rd buffer.Reader, pre []byte, replayUpTo uint64) error {
-	prepareSSEHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
-	rl := h.newRelay(w, sess, stream, rd)
-	rl.replayUpTo = replayUpTo
-	if len(pre) == 0 {
-		pre = sse.AppendComment(nil, "mcp-resume") // bytes at once: intermediaries release the headers
+// serveAdopt answers a resume of the standalone stream of a session the
+// proxy does not hold, with a cursor it minted for that session: the proxy
+// restarted, or the session expired or was purged here. If the upstream
+// still knows the session (it answers a GET with a stream), the proxy takes
+// it over: a gap event tells the client what was lost, then the session's
+// standalone stream follows live. Otherwise the upstream's answer (typically
+// 404: re-initialize) goes to the client.
+func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, sid, lastID string, reason policy.Reason) error {
+	if h.identityMissing(r) {
+		h.logger.Warn("session not adopted: its bind placeholders are empty for this request; passed through",
+			zap.String("session", sid))
+		return next.ServeHTTP(w, r)
 	}
-	if !rl.write(pre) {
-		rd.Close()
-		return nil
+	version := r.Header.Get(hdrVersion)
+	if version == "" {
+		version = defaultVersion
 	}
-	rl.run(r.Context())
+	t := h.newTap(r, next, nil, version)
+	defer t.close()
+	defer context.AfterFunc(h.rt.drainCtx, t.cancel)()
+	var existing buffer.Session // adopted meanwhile by another request
+	var attachErr error         // adopted, but this client could not be attached
+	start := func(http.Header) bool {
+		s, err := h.rt.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
+		if errors.Is(err, buffer.ErrSessionExists) {
+			existing, _ = h.rt.store.Session(sid)
+			t.failure = err // drop this upstream GET: the session has its own
+			return existing != nil
+		}
+		if err != nil {
+			h.logger.Warn("session not adopted", zap.String("session", sid), zap.Error(err))
+			return false
+		}
+		t.tie(s)
+		stream := s.Standalone()
+		stream.ClaimProducer()
+		t.stream = stream
+		rd, err := stream.Attach(1)
+		if err != nil {
+			// The session is adopted; this upstream GET is closed before
+			// a byte of it is read (so nothing taken is lost) and the
+			// client is told at once. Its next GET opens the stream again.
+			attachErr, t.failure = err, err
+			t.cancel()
+			return true
+		}
+		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)
+		pre := gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true)
+		gaps.WithLabelValues(string(reason)).Inc()
+		h.logger.Warn("session adopted after a resume the proxy could not answer: gap signalled",
+			zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)), zap.String("reason", string(reason)))
+		t.startRelay(w, rd, pre, 0)
+		return true
+	}
+	res := t.attemptStandalone(r, w, start, func() bool { return existing != nil })
+	switch {
+	case attachErr != nil:
+		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
+	case existing != nil:
+		s := existing
+		rd, err := s.Standalone().Attach(1)
+		if err != nil {
+			return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
+		}
+		moved := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 0)
+		return h.relayTo(w, r, s, s.Standalone(), rd,
+			gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true), 0)
+	case !res.tapped:
+		return res.proxied // the upstream's answer went to the client
+	}
+	t.followStandalone(res)
 	return nil
 }

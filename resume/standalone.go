@@ -1,18 +1,12 @@
-package caddymodule
+package resume
 
 import (
 	"context"
-	"errors"
 	"maps"
 	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
-
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
-	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
-	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 // serveStandalone serves the session's standalone stream (stream 0) to a
@@ -26,14 +20,14 @@ import (
 // upstream's answer only decides what follows. A GET with nothing to send
 // waits for the upstream's answer, so a refusal (404: re-initialize; 405:
 // no GET stream here) reaches the client as plain reverse_proxy would pass it.
-func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Next,
 	sess buffer.Session, rd buffer.Reader, pre []byte, replayUpTo uint64) error {
 	stream := sess.Standalone()
 	gap := pre != nil // a resume's gap preamble: it must go out now
 	if rd == nil {
 		var err error
 		if rd, err = stream.Attach(buffer.FromUndelivered); err != nil {
-			return h.reject(w, sess.ID(), "", http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
+			return h.refuse(w, refuseStandalone, to{sid: sess.ID()})
 		}
 		pre = priming(sess.Meta().Version, sess.Epoch(), stream.Num(), rd.Next())
 	}
@@ -43,7 +37,7 @@ func (h *Handler) serveStandalone(w http.ResponseWriter, r *http.Request, next c
 	t := h.newTap(r, next, sess, sess.Meta().Version)
 	t.stream = stream
 	defer t.close()
-	defer context.AfterFunc(h.zone.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
+	defer context.AfterFunc(h.rt.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
 	t.lastID = stream.UpstreamCursor()
 	t.startID = t.lastID
 	answerNow := gap || rd.Next() <= stream.View().Head
@@ -75,80 +69,6 @@ func (t *upstreamTap) standaloneRequest(r *http.Request) *http.Request {
 		req.Header.Set(hdrLastEventID, t.lastID)
 	}
 	return req
-}
-
-// serveAdopt answers a resume of the standalone stream of a session the
-// proxy does not hold, with a cursor it minted for that session: the proxy
-// restarted, or the session expired or was purged here. If the upstream
-// still knows the session (it answers a GET with a stream), the proxy takes
-// it over: a gap event tells the client what was lost, then the session's
-// standalone stream follows live. Otherwise the upstream's answer (typically
-// 404: re-initialize) goes to the client.
-func (h *Handler) serveAdopt(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid, lastID string, reason policy.Reason) error {
-	if h.identityMissing(r) {
-		h.logger.Warn("session not adopted: its bind placeholders are empty for this request; passed through",
-			zap.String("session", sid))
-		return next.ServeHTTP(w, r)
-	}
-	version := r.Header.Get(hdrVersion)
-	if version == "" {
-		version = defaultVersion
-	}
-	t := h.newTap(r, next, nil, version)
-	defer t.close()
-	defer context.AfterFunc(h.zone.drainCtx, t.cancel)()
-	var existing buffer.Session // adopted meanwhile by another request
-	var attachErr error         // adopted, but this client could not be attached
-	start := func(http.Header) bool {
-		s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
-		if errors.Is(err, buffer.ErrSessionExists) {
-			existing, _ = h.zone.store.Session(sid)
-			t.failure = err // drop this upstream GET: the session has its own
-			return existing != nil
-		}
-		if err != nil {
-			h.logger.Warn("session not adopted", zap.String("session", sid), zap.Error(err))
-			return false
-		}
-		t.tie(s)
-		stream := s.Standalone()
-		stream.ClaimProducer()
-		t.stream = stream
-		rd, err := stream.Attach(1)
-		if err != nil {
-			// The session is adopted; this upstream GET is closed before
-			// a byte of it is read (so nothing taken is lost) and the
-			// client is told at once. Its next GET opens the stream again.
-			attachErr, t.failure = err, err
-			t.cancel()
-			return true
-		}
-		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)
-		pre := gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true)
-		gaps.WithLabelValues(string(reason)).Inc()
-		h.logger.Warn("session adopted after a resume the proxy could not answer: gap signalled",
-			zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)), zap.String("reason", string(reason)))
-		t.startRelay(w, rd, pre, 0)
-		return true
-	}
-	res := t.attemptStandalone(r, w, start, func() bool { return existing != nil })
-	switch {
-	case attachErr != nil:
-		return h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
-	case existing != nil:
-		s := existing
-		rd, err := s.Standalone().Attach(1)
-		if err != nil {
-			return h.reject(w, sid, lastID, http.StatusServiceUnavailable, "the session's standalone stream is unavailable")
-		}
-		moved := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 0)
-		return h.relayTo(w, r, s, s.Standalone(), rd,
-			gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true), 0)
-	case !res.tapped:
-		return res.proxied // the upstream's answer went to the client
-	}
-	t.followStandalone(res)
-	return nil
 }
 
 // attemptStandalone opens the upstream's standalone GET, asking again

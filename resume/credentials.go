@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"bytes"
@@ -14,19 +14,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/bearer"
-	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
-
-// bindBearer, in a binding, stands for the request's bearer credential (the
-// Authorization header), which the upstream vouches for when it changes.
-const bindBearer = "bearer"
 
 // vouchTimeout bounds the upstream's answer to a credential check.
 const vouchTimeout = 10 * time.Second
@@ -34,32 +27,19 @@ const vouchTimeout = 10 * time.Second
 // maxRefusalBody bounds what is relayed of the upstream's refusal.
 const maxRefusalBody = 64 << 10
 
-// binding is what a session is bound to, as configured: bind, or the
-// header names of bind_headers.
-func (h *Handler) binding() []string {
-	if h.Bind != nil {
-		return h.Bind
-	}
-	return h.BindHeaders
-}
-
 // identity is the keyed hash of the request's values for the identity part
 // of a binding: every entry but bearer. A header name (bind_headers) hashes
 // as it always has, so sessions bound before bind existed still match.
-func (h *Handler) identity(r *http.Request, bind []string) [32]byte {
-	mac := hmac.New(sha256.New, h.zone.store.Key())
-	var repl *caddy.Replacer
+func (h *Engine) identity(r *http.Request, bind []string) [32]byte {
+	mac := hmac.New(sha256.New, h.rt.store.Key())
 	for _, entry := range bind {
 		switch {
-		case entry == bindBearer:
+		case entry == BindBearer:
 			continue
 		case strings.Contains(entry, "{"):
-			if repl == nil {
-				repl = replacerOf(r)
-			}
 			mac.Write([]byte(entry))
 			mac.Write([]byte{0})
-			mac.Write([]byte(repl.ReplaceAll(entry, "")))
+			mac.Write([]byte(h.placeholders(r, entry)))
 			mac.Write([]byte{0})
 		default:
 			for _, v := range r.Header.Values(entry) {
@@ -76,22 +56,39 @@ func (h *Handler) identity(r *http.Request, bind []string) [32]byte {
 	return fp
 }
 
-func replacerOf(r *http.Request) *caddy.Replacer {
-	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-		return repl
+// HeaderPlaceholders replaces the placeholders in s the way Caddy does for
+// {http.request.header.X} (the header's values joined with ","), and every
+// other placeholder with "": the engine's default Config.Placeholders.
+func HeaderPlaceholders(r *http.Request, s string) string {
+	var b strings.Builder
+	for {
+		open := strings.IndexByte(s, '{')
+		if open < 0 {
+			break
+		}
+		end := strings.IndexByte(s[open:], '}')
+		if end < 0 {
+			break
+		}
+		b.WriteString(s[:open])
+		if name, ok := strings.CutPrefix(s[open+1:open+end], "http.request.header."); ok {
+			b.WriteString(strings.Join(r.Header.Values(name), ","))
+		}
+		s = s[open+end+1:]
 	}
-	return caddy.NewReplacer()
+	b.WriteString(s)
+	return b.String()
 }
 
 // credential is the keyed hash of the request's bearer credential and of
 // the principal it names, if the proxy can tell (a JWT's iss and sub; the
 // upstream verifies the signature before the proxy relies on it).
-func (h *Handler) credential(r *http.Request) buffer.Credential {
+func (h *Engine) credential(r *http.Request) buffer.Credential {
 	values := r.Header.Values("Authorization")
 	if len(values) == 0 {
 		return buffer.Credential{}
 	}
-	key := h.zone.store.Key()
+	key := h.rt.store.Key()
 	var c buffer.Credential
 	mac := hmac.New(sha256.New, key)
 	mac.Write([]byte("bearer\x00"))
@@ -109,9 +106,16 @@ func (h *Handler) credential(r *http.Request) buffer.Credential {
 	return c
 }
 
+// newBinding is what a session r begins is bound with (sessionMeta, its
+// version and origin to come), and whether its identity came out empty
+// (identityMissing): a session bound to nothing would be anyone's.
+func (h *Engine) newBinding(r *http.Request) (meta buffer.SessionMeta, empty bool) {
+	return h.sessionMeta(r, "", 0), h.identityMissing(r)
+}
+
 // sessionMeta is what a new session is bound with: the request's identity
 // and credential under this handler's binding, and the endpoint it began on.
-func (h *Handler) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
+func (h *Engine) sessionMeta(r *http.Request, version string, origin policy.SessionOrigin) buffer.SessionMeta {
 	bind := h.binding()
 	m := buffer.SessionMeta{Version: version, Fingerprint: h.identity(r, bind),
 		Bind: append([]string(nil), bind...), Endpoint: r.URL.RequestURI(), Origin: origin}
@@ -125,20 +129,16 @@ func (h *Handler) sessionMeta(r *http.Request, version string, origin policy.Ses
 // empty for the request: an authentication handler that should set them
 // did not run before this one (or a placeholder is misspelt), and a
 // session bound to nothing would be anyone's.
-func (h *Handler) identityMissing(r *http.Request) bool {
+func (h *Engine) identityMissing(r *http.Request) bool {
 	bind := h.binding()
 	if hasBearer(bind) {
 		return false
 	}
-	var repl *caddy.Replacer
 	for _, entry := range bind {
 		if !strings.Contains(entry, "{") {
 			return false // a header name (bind_headers): an absent header is the client's choice
 		}
-		if repl == nil {
-			repl = replacerOf(r)
-		}
-		if repl.ReplaceAll(entry, "") != stripPlaceholders(entry) {
+		if h.placeholders(r, entry) != stripPlaceholders(entry) {
 			return false // this one has a value
 		}
 	}
@@ -163,35 +163,13 @@ func stripPlaceholders(entry string) string {
 	return b.String()
 }
 
-// refuseMissingIdentity answers a request that would bind a session to an
-// empty identity, with what the operator must fix.
-func (h *Handler) refuseMissingIdentity(w http.ResponseWriter, id string) {
-	h.logger.Error("session not bound: its bind placeholders are empty for this request; is the authentication handler before mcp_resume?",
-		zap.Strings("bind", h.binding()))
-	writeError(w, http.StatusInternalServerError, jsonrpc.CodeResumeDenied, id,
-		"mcp-resume: the session's identity (bind) is empty: the proxy is misconfigured")
-}
-
 func hasBearer(bind []string) bool {
 	for _, e := range bind {
-		if e == bindBearer {
+		if e == BindBearer {
 			return true
 		}
 	}
 	return false
-}
-
-// requestKind is what a request could get from the proxy's logs.
-func requestKind(r *http.Request) policy.RequestKind {
-	switch {
-	case r.Method == http.MethodPost:
-		return policy.Call
-	case r.Method == http.MethodGet && acceptsSSE(r):
-		return policy.ReadsLog
-	case r.Method == http.MethodDelete:
-		return policy.EndSession
-	}
-	return policy.OtherKind
 }
 
 // bound is what the proxy holds of the session a request names: the
@@ -201,17 +179,35 @@ type bound struct {
 	meta buffer.SessionMeta
 }
 
+// authorize checks that a request naming a session carries its identity
+// and a credential the upstream accepts for it (policy.Authorize), and
+// reports whether it goes on; when it does not, the client has its answer.
+func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, sid string,
+	kind policy.RequestKind) (goOn bool, err error) {
+	switch a, b := h.access(r, sid, kind); policy.Authorize(a) {
+	case policy.Deny:
+		lastID := r.Header.Get(hdrLastEventID)
+		if r.Method == http.MethodGet && lastID != "" {
+			resumes.WithLabelValues(policy.Reject.String()).Inc()
+		}
+		return false, h.refuse(w, refuseCredentials, to{sid: sid, lastID: lastID})
+	case policy.Vouch:
+		return h.vouch(w, r, next, sid, a, b)
+	}
+	return true, nil
+}
+
 // access is what the proxy knows of the session a request names, for
 // policy.Authorize.
-func (h *Handler) access(r *http.Request, sid string) (policy.Access, bound) {
-	a := policy.Access{Named: sid != "", Kind: requestKind(r), RebindOff: h.rebindMode() == policy.RebindOff}
+func (h *Engine) access(r *http.Request, sid string, kind policy.RequestKind) (policy.Access, bound) {
+	a := policy.Access{Named: sid != "", Kind: kind, RebindOff: h.rebindMode() == policy.RebindOff}
 	if !a.Named {
 		return a, bound{}
 	}
 	var b bound
-	if sess, ok := h.zone.store.Session(sid); ok {
+	if sess, ok := h.rt.store.Session(sid); ok {
 		b = bound{sess: sess, meta: sess.Meta()}
-	} else if tomb, ok := h.zone.store.Tombstone(sid); ok {
+	} else if tomb, ok := h.rt.store.Tombstone(sid); ok {
 		b.meta = buffer.SessionMeta{Version: tomb.Version, Fingerprint: tomb.Fingerprint, Bind: tomb.Bind,
 			Credential: tomb.Credential}
 	} else {
@@ -230,18 +226,11 @@ func (h *Handler) access(r *http.Request, sid string) (policy.Access, bound) {
 	return a, b
 }
 
-func (h *Handler) rebindMode() policy.RebindMode {
-	if m, ok := policy.RebindModes[h.Rebind]; ok {
-		return m
-	}
-	return policy.RebindSubject
-}
-
 // vouch asks the upstream whether it accepts the request's credential for
 // the session (policy.Authorize said Vouch) and acts on policy.DecideRebind.
 // It reports whether the request goes on as the session's owner's; when it
 // does not, the client has its answer.
-func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string,
+func (h *Engine) vouch(w http.ResponseWriter, r *http.Request, next Next, sid string,
 	a policy.Access, b bound) (goOn bool, err error) {
 	verdict, answer := h.askUpstream(r, next, sid, b.meta, false)
 	offered := h.credential(r)
@@ -269,7 +258,7 @@ func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 				return false, next.ServeHTTP(w, r)
 			case err != nil:
 				h.logger.Warn("session not rebound: the store could not record it", append(fields, zap.Error(err))...)
-				return false, h.refuse(w, "", "unavailable", "the retention store is unavailable; retry later", 5)
+				return false, h.refuse(w, refuseUnavailable, to{sid: sid})
 			}
 		}
 		h.logger.Info("session rebound to a refreshed credential the upstream accepted", fields...)
@@ -280,21 +269,14 @@ func (h *Handler) vouch(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		answer.relay(w)
 		return false, nil
 	case policy.DenyPrincipal:
-		credentialRejections.Inc()
 		h.logger.Warn("changed credential refused: it names another principal than the session's", fields...)
-		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
-			"credentials name another principal than the session's")
+		return false, h.refuse(w, refusePrincipal, to{sid: sid, lastID: r.Header.Get(hdrLastEventID)})
 	case policy.DenyUnverifiable:
-		credentialRejections.Inc()
 		h.logger.Warn("changed credential refused: the proxy cannot tell it names the session's principal (not a JWT, or an upstream that verifies no token); rebind upstream trusts the upstream for opaque tokens", append(fields, zap.Bool("upstream_accepts_no_token", in.AnonymousAccepted))...)
-		return false, h.reject(w, sid, r.Header.Get(hdrLastEventID), http.StatusForbidden,
-			"the credential changed and the proxy cannot tell it names the session's principal (see rebind)")
+		return false, h.refuse(w, refuseUnverifiable, to{sid: sid, lastID: r.Header.Get(hdrLastEventID)})
 	default: // Unavailable
 		h.logger.Warn("credential not checked: the upstream gave no verdict", append(fields, zap.Int("status", answer.status))...)
-		w.Header().Set("Retry-After", "1")
-		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, "",
-			"mcp-resume: the upstream could not check the request's credentials; retry")
-		return false, nil
+		return false, h.refuse(w, refuseUnchecked, to{sid: sid})
 	}
 }
 
@@ -306,7 +288,7 @@ var pingIDs atomic.Uint64
 // nothing of the session), with the request's headers (its credentials
 // among them, or none when anonymous), and reads the upstream's verdict. A
 // refusal comes back whole, for the client.
-func (h *Handler) askUpstream(r *http.Request, next caddyhttp.Handler, sid string, meta buffer.SessionMeta,
+func (h *Engine) askUpstream(r *http.Request, next Next, sid string, meta buffer.SessionMeta,
 	anonymous bool) (policy.Verdict, *recorded) {
 	body := []byte(`{"jsonrpc":"2.0","id":"mcp-resume-check-` + strconv.FormatUint(pingIDs.Add(1), 10) + `","method":"ping"}`)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), vouchTimeout)
@@ -348,18 +330,11 @@ func (h *Handler) askUpstream(r *http.Request, next caddyhttp.Handler, sid strin
 		}()
 		return next.ServeHTTP(rec, req)
 	}()
-	switch {
-	case rec.status/100 == 2:
-		return policy.Accepted, rec
-	case rec.status == http.StatusUnauthorized || rec.status == http.StatusForbidden:
-		return policy.Refused, rec
-	case rec.status == http.StatusNotFound:
-		return policy.SessionLost, rec
-	}
-	if err != nil {
+	verdict := policy.Classify(rec.status).Verdict()
+	if verdict == policy.Unverified && err != nil {
 		h.logger.Debug("credential check failed", zap.String("session", sid), zap.Error(err))
 	}
-	return policy.Unverified, rec
+	return verdict, rec
 }
 
 // acceptedGrace is how long the body of an accepted check may take to end.
@@ -410,4 +385,21 @@ func (rc *recorded) relay(w http.ResponseWriter) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(rc.body)))
 	w.WriteHeader(rc.status)
 	w.Write(rc.body)
+}
+
+// binding is what a session is bound to, as configured: bind, or the
+// header names of bind_headers.
+func (c *Config) binding() []string {
+	if c.Bind != nil {
+		return c.Bind
+	}
+	return c.BindHeaders
+}
+
+// rebindMode is the configured rebind mode.
+func (c *Config) rebindMode() policy.RebindMode {
+	if m, ok := policy.RebindModes[c.Rebind]; ok {
+		return m
+	}
+	return policy.RebindSubject
 }

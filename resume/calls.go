@@ -1,13 +1,11 @@
-package caddymodule
+package resume
 
 import (
 	"bytes"
 	"crypto/sha256"
-	"errors"
 	"io"
 	"net/http"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -24,14 +22,8 @@ const peekLimit = 64 << 10
 
 // servePost handles a POST: initialize (learn the session), requests of a
 // session (tap the SSE response), and everything else (pass through).
-func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string) error {
-	if !isJSON(r.Header.Get("Content-Type")) {
-		return next.ServeHTTP(w, r)
-	}
-	if v := r.Header.Get(hdrVersion); v != "" && !resumable(v) {
-		return next.ServeHTTP(w, r)
-	}
-	st := h.zone.store
+func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, sid string) error {
+	st := h.rt.store
 	var sess buffer.Session
 	known := false
 	if sid != "" {
@@ -43,14 +35,11 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
 	if err != nil {
-		return caddyhttp.Error(http.StatusBadRequest, err)
+		return h.refuse(w, refuseUnreadable, to{sid: sid})
 	}
 	if int64(len(body)) > limit {
 		if known {
-			limitsHit.WithLabelValues("max_request_bytes").Inc()
-			writeError(w, http.StatusRequestEntityTooLarge, jsonrpc.CodeLimit, "",
-				"mcp-resume: request body exceeds max_request_bytes ("+itoa(h.MaxRequestBytes)+")")
-			return nil
+			return h.refuse(w, refuseMaxRequestBytes, to{sid: sid}, h.MaxRequestBytes)
 		}
 		r.Body = struct {
 			io.Reader
@@ -92,10 +81,7 @@ func (h *Handler) servePost(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	sess.Touch()
 	if !sess.AdmitStream() {
-		limitsHit.WithLabelValues("max_streams_per_session").Inc()
-		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, ids[0],
-			"mcp-resume: too many open streams in this session (max_streams_per_session)")
-		return nil
+		return h.refuse(w, refuseMaxStreams, to{id: ids[0], sid: sid})
 	}
 	if served := h.serveRepeat(w, r, sess, ids, key); served {
 		return nil
@@ -122,7 +108,7 @@ func requestKey(ids []string, body []byte) [32]byte {
 // the stream of the first, if it is retained from its start, instead of
 // running the tool twice. The replay is a resume from 0: everything is
 // acknowledged as not delivered, so nothing the replay still needs can go.
-func (h *Handler) serveRepeat(w http.ResponseWriter, r *http.Request, sess buffer.Session, ids []string, key [32]byte) bool {
+func (h *Engine) serveRepeat(w http.ResponseWriter, r *http.Request, sess buffer.Session, ids []string, key [32]byte) bool {
 	stream, ok := sess.StreamByKey(key)
 	if !ok {
 		return false
@@ -165,10 +151,10 @@ func sameIDs(reqs []policy.RequestView, ids []string) bool {
 
 // sessionWatch passes a response through and ends the session if the
 // upstream says it no longer exists.
-func (h *Handler) sessionWatch(w http.ResponseWriter, sid string) http.ResponseWriter {
+func (h *Engine) sessionWatch(w http.ResponseWriter, sid string) http.ResponseWriter {
 	return &statusWriter{
-		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		onStatus:              func(status int) { h.sessionGone(sid, status) },
+		writerWrapper: &writerWrapper{ResponseWriter: w},
+		onStatus:      func(status int) { h.sessionGone(sid, status) },
 	}
 }
 
@@ -177,8 +163,8 @@ func (h *Handler) sessionWatch(w http.ResponseWriter, sid string) http.ResponseW
 // session if the upstream answers with a stream. Such sessions have a share
 // of their own (policy.Adopted), so made-up session IDs cannot crowd out
 // real ones; a session deleted here is not adopted.
-func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, sid string, ids []string, key [32]byte) error {
-	if tomb, ok := h.zone.store.Tombstone(sid); ok && tomb.Reason == policy.ReasonDeleted {
+func (h *Engine) adoptOnPost(w http.ResponseWriter, r *http.Request, next Next, sid string, ids []string, key [32]byte) error {
+	if tomb, ok := h.rt.store.Tombstone(sid); ok && tomb.Reason == policy.ReasonDeleted {
 		return next.ServeHTTP(w, r)
 	}
 	version := r.Header.Get(hdrVersion)
@@ -190,7 +176,7 @@ func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddy
 			zap.String("session", sid))
 		return next.ServeHTTP(w, r)
 	}
-	if !h.zone.store.Admit(policy.Adopted) {
+	if !h.rt.store.Admit(policy.Adopted) {
 		limitsHit.WithLabelValues("adopted_sessions").Inc()
 		h.logger.Warn("session not adopted: the share of adopted sessions is full; passed through",
 			zap.String("session", sid))
@@ -199,66 +185,34 @@ func (h *Handler) adoptOnPost(w http.ResponseWriter, r *http.Request, next caddy
 	return h.serveCall(w, r, next, nil, version, ids, key)
 }
 
-// serveCall forwards a POST carrying requests and, if the upstream answers
-// with an SSE stream, taps it: the upstream is followed to the last answer
-// whatever the client does, and a relay feeds the client from the log. sess
-// is nil when the session is to be adopted once the upstream answers.
-func (h *Handler) serveCall(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
-	sess buffer.Session, version string, ids []string, key [32]byte) error {
-	t := h.newTap(r, next, sess, version)
-	h.zone.reads.Add(1) // a stopping process drains until the calls it reads end
-	defer h.zone.reads.Add(-1)
-	defer t.close()
-	sid := r.Header.Get(hdrSessionID)
-	start := func(http.Header) bool {
-		if t.sess == nil {
-			s, err := h.zone.store.CreateSession(sid, h.sessionMeta(r, version, policy.Adopted))
-			switch {
-			case errors.Is(err, buffer.ErrSessionExists):
-				if s, _ = h.zone.store.Session(sid); s == nil {
-					return false
-				}
-			case err != nil:
-				h.logger.Warn("session not adopted", zap.String("session", sid), zap.Error(err))
-				return false
-			default:
-				h.logger.Info("session adopted", zap.String("session", sid), zap.String("protocol_version", version))
-			}
-			t.tie(s)
-		}
-		stream, err := t.sess.NewStream(ids, key)
-		if err != nil {
-			h.logger.Warn("stream not retained", zap.String("session", sid), zap.Error(err))
-			untapped.WithLabelValues("stream_refused").Inc()
-			return false
-		}
-		stream.ClaimProducer()
-		t.stream, t.pending = stream, append([]string(nil), ids...)
-		rd, err := stream.Attach(1)
-		if err != nil {
-			// The upstream runs the call now: its answer goes to the
-			// client as it comes, never nowhere. A repeat of the request
-			// finds the stream failed.
-			h.logger.Warn("stream not retained: its client could not be attached; passed through",
-				zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Error(err))
-			untapped.WithLabelValues("attach_failed").Inc()
-			t.abandon(err)
-			return false
-		}
-		if c := h.logger.Check(zap.DebugLevel, "tapping request stream"); c != nil {
-			c.Write(zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Strings("request_ids", ids))
-		}
-		t.startRelay(w, rd, priming(t.sess.Meta().Version, t.sess.Epoch(), stream.Num(), 1), 0)
-		return true
+// statusWriter passes a response through and reports its status.
+type statusWriter struct {
+	*writerWrapper
+	onStatus func(int)
+	done     bool
+}
+
+func (s *statusWriter) WriteHeader(status int) {
+	if !s.done && status >= 200 {
+		s.done = true
+		s.onStatus(status)
 	}
-	out := w
-	if sess != nil {
-		out = h.sessionWatch(w, sid) // an upstream 404 ends the session
+	s.writerWrapper.WriteHeader(status)
+}
+
+func (s *statusWriter) Write(p []byte) (int, error) {
+	if !s.done {
+		s.WriteHeader(http.StatusOK)
 	}
-	res := t.attempt(t.upstreamRequest(r), out, start, false)
-	if !res.tapped {
-		return res.proxied
+	return s.writerWrapper.Write(p)
+}
+
+// sessionGone handles an upstream 404 for the session: it no longer exists
+// there, so it ends here too.
+func (h *Engine) sessionGone(sid string, status int) bool {
+	if policy.Classify(status) != policy.UpstreamSessionGone {
+		return false
 	}
-	t.followRequest(res)
-	return nil // the client already has its response headers
+	h.rt.store.Delete(sid, policy.ReasonDeleted)
+	return true
 }

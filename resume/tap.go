@@ -1,13 +1,14 @@
-package caddymodule
+package resume
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"hash/maphash"
+	"io"
 	"net/http"
 	"time"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -38,11 +39,11 @@ var errTooLarge = errors.New("upstream event exceeds max_event_bytes")
 // from reverse_proxy's aborts, the upstream's cursor, and the one mapping
 // from what went wrong to a failure reason.
 type upstreamTap struct {
-	h      *Handler
-	next   caddyhttp.Handler
+	h      *Engine
+	next   Next
 	client *http.Request // the client's request: context values, headers to carry upstream
 
-	ctx    context.Context // detached: outlives the client, not the session or Caddy
+	ctx    context.Context // detached: outlives the client, not the session or the runtime
 	cancel context.CancelFunc
 	unlink func() bool // undoes the tie to the session's end
 
@@ -81,14 +82,26 @@ type upstreamTap struct {
 	relayDone chan struct{}
 }
 
-func (h *Handler) newTap(r *http.Request, next caddyhttp.Handler, sess buffer.Session, version string) *upstreamTap {
+func (h *Engine) newTap(r *http.Request, next Next, sess buffer.Session, version string) *upstreamTap {
 	t := &upstreamTap{h: h, next: next, client: r, sess: sess, version: version}
 	t.ctx, t.cancel = h.detach(r)
-	h.zone.taps.Add(1) // the store closes only once every tap has closed
+	h.rt.taps.Add(1) // the store closes only once every tap has closed
 	if sess != nil {
 		t.tie(sess)
 	}
 	return t
+}
+
+// detach returns a context for an upstream request that outlives the client
+// connection (keeping the request's values, which reverse_proxy needs) but
+// not the runtime. Callers also tie it to their session's end.
+func (h *Engine) detach(r *http.Request) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	stop := context.AfterFunc(h.rt.stopCtx, cancel)
+	return ctx, func() {
+		stop()
+		cancel()
+	}
 }
 
 // tie ends the detached upstream reads when the session ends.
@@ -112,25 +125,7 @@ func (t *upstreamTap) close() {
 		t.unlink()
 	}
 	t.cancel()
-	t.h.zone.taps.Done()
-}
-
-// startRelay writes the client's response headers and pre, and relays the
-// stream from rd in a goroutine; close waits for it.
-func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []byte, replayUpTo uint64) {
-	prepareSSEHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
-	rl := t.h.newRelay(w, t.sess, t.stream, rd)
-	rl.replayUpTo = replayUpTo
-	t.relayDone = make(chan struct{})
-	go func() {
-		defer close(t.relayDone)
-		if rl.write(pre) {
-			rl.run(t.client.Context())
-		} else {
-			rd.Close()
-		}
-	}()
+	t.h.rt.taps.Done()
 }
 
 // attemptResult is what one upstream request of the tap came to.
@@ -154,7 +149,7 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 	t.progress, t.resumable, t.failure = false, false, nil
 	t.conn++
 	t.resumed = req.Header.Get(hdrLastEventID) != ""
-	tw := &tapWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: out}, t: t, start: start}
+	tw := &tapWriter{writerWrapper: &writerWrapper{ResponseWriter: out}, t: t, start: start}
 	stopped := false
 	if stopWhenAnswered {
 		tw.answered = func() { stopped = true; cancel() }
@@ -433,24 +428,6 @@ func (t *upstreamTap) answers(data []byte) []string {
 	return out
 }
 
-// failureReason maps why a stream cannot go on to its reason; "" means the
-// stream needs no failure of its own (its session ended, Caddy is exiting).
-func (t *upstreamTap) failureReason(err error, broken bool) policy.Reason {
-	var fe *buffer.FailedError
-	switch {
-	case errors.As(err, &fe):
-		return fe.Reason
-	case errors.Is(err, errTooLarge), errors.Is(err, sse.ErrEventTooLarge):
-		limitsHit.WithLabelValues("max_event_bytes").Inc()
-		return policy.ReasonTooLarge
-	case t.ctx.Err() != nil, errors.Is(err, buffer.ErrStreamEnded), errors.Is(err, buffer.ErrSessionGone):
-		return ""
-	case err != nil, broken:
-		return policy.ReasonUpstreamFailed
-	}
-	return policy.ReasonUpstreamClosed
-}
-
 // abandon fails the stream (unless its session ended: err says) and lets
 // go of it before anything was tapped into it: the response passes
 // through instead.
@@ -471,5 +448,162 @@ func (t *upstreamTap) fail(reason policy.Reason) {
 	}
 	head := eventid.Append(nil, t.sess.Epoch(), t.stream.Num(), t.stream.View().Head)
 	gaps.WithLabelValues(string(reason)).Inc()
-	t.stream.Fail(reason, failureSignals(reason, string(head), t.pending)...)
+	t.stream.Fail(reason, FailureSignals(reason, string(head), t.pending)...)
+}
+
+// tapWriter is the ResponseWriter handed to the next handler (reverse_proxy)
+// for one upstream request of a tap. Once tapping, it never touches the
+// client: it parses the SSE body into events and appends them to the log,
+// blocking while the log is full, and never reports a client error, so the
+// upstream read carries on after the client is gone. The relay writes the
+// log to the client.
+type tapWriter struct {
+	*writerWrapper
+	t        *upstreamTap
+	start    func(http.Header) bool // at a tappable response: set up the stream (and the client side); false: pass it on
+	answered func()                 // if set, called once every request is answered: stop reading
+	status   int
+	tapping  bool
+}
+
+func (tw *tapWriter) WriteHeader(status int) {
+	if status < 200 { // informational (103 Early Hints): pass on
+		if !tw.tapping && tw.status == 0 {
+			tw.writerWrapper.WriteHeader(status)
+		}
+		return
+	}
+	if tw.status != 0 {
+		return
+	}
+	tw.status = status
+	if tappable(status, tw.Header()) && tw.start(tw.Header()) {
+		tw.tapping = true
+		return
+	}
+	if status == http.StatusOK && tw.Header().Get("Content-Encoding") != "" && isEventStreamType(tw.Header()) {
+		tw.t.h.logger.Warn("upstream compressed its SSE response although asked not to; passed through untapped",
+			zap.String("content_encoding", tw.Header().Get("Content-Encoding")))
+		untapped.WithLabelValues("compressed").Inc()
+	}
+	tw.writerWrapper.WriteHeader(status)
+}
+
+func (tw *tapWriter) Write(p []byte) (int, error) {
+	if tw.status == 0 {
+		tw.WriteHeader(http.StatusOK)
+	}
+	if !tw.tapping {
+		return tw.writerWrapper.Write(p)
+	}
+	t := tw.t
+	if t.failure != nil {
+		return 0, t.failure
+	}
+	err := t.parser.Feed(p, t.onEvent)
+	if err == nil {
+		err = t.flush() // before p goes back to reverse_proxy
+	} else {
+		t.flush() // what came before the error goes in; the error is the one to report
+	}
+	if err != nil {
+		// reverse_proxy stops reading the upstream and aborts: the stream
+		// cannot go on (a stall, an oversized event, the session's end).
+		t.failure = err
+		return 0, err
+	}
+	if tw.answered != nil && len(t.pending) == 0 {
+		tw.answered()
+	}
+	return len(p), nil
+}
+
+// FlushError implements the flusher that http.ResponseController looks for
+// first. While tapping, the relay flushes the client; here there is nothing to do.
+func (tw *tapWriter) FlushError() error {
+	if tw.tapping {
+		return nil
+	}
+	return http.NewResponseController(tw.writerWrapper.ResponseWriter).Flush()
+}
+
+// ReadFrom hides ResponseWriterWrapper.ReadFrom, which would bypass Write.
+func (tw *tapWriter) ReadFrom(r io.Reader) (int64, error) {
+	return io.Copy(struct{ io.Writer }{tw}, r)
+}
+
+func isEventStreamType(h http.Header) bool {
+	return bytes.HasPrefix([]byte(h.Get("Content-Type")), []byte("text/event-stream"))
+}
+
+// upstreamRequest is the client's request as the tap forwards it: detached,
+// and asking for an uncompressed response, which the tap must read.
+func (t *upstreamTap) upstreamRequest(r *http.Request) *http.Request {
+	req := r.Clone(t.ctx)
+	req.Header.Del("Accept-Encoding")
+	return req
+}
+
+// serveCall forwards a POST carrying requests and, if the upstream answers
+// with an SSE stream, taps it: the upstream is followed to the last answer
+// whatever the client does, and a relay feeds the client from the log. sess
+// is nil when the session is to be adopted once the upstream answers.
+func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
+	sess buffer.Session, version string, ids []string, key [32]byte) error {
+	t := h.newTap(r, next, sess, version)
+	h.rt.reads.Add(1) // a stopping process drains until the calls it reads end
+	defer h.rt.reads.Add(-1)
+	defer t.close()
+	sid := r.Header.Get(hdrSessionID)
+	start := func(http.Header) bool {
+		if t.sess == nil {
+			s, err := h.rt.store.CreateSession(sid, h.sessionMeta(r, version, policy.Adopted))
+			switch {
+			case errors.Is(err, buffer.ErrSessionExists):
+				if s, _ = h.rt.store.Session(sid); s == nil {
+					return false
+				}
+			case err != nil:
+				h.logger.Warn("session not adopted", zap.String("session", sid), zap.Error(err))
+				return false
+			default:
+				h.logger.Info("session adopted", zap.String("session", sid), zap.String("protocol_version", version))
+			}
+			t.tie(s)
+		}
+		stream, err := t.sess.NewStream(ids, key)
+		if err != nil {
+			h.logger.Warn("stream not retained", zap.String("session", sid), zap.Error(err))
+			untapped.WithLabelValues("stream_refused").Inc()
+			return false
+		}
+		stream.ClaimProducer()
+		t.stream, t.pending = stream, append([]string(nil), ids...)
+		rd, err := stream.Attach(1)
+		if err != nil {
+			// The upstream runs the call now: its answer goes to the
+			// client as it comes, never nowhere. A repeat of the request
+			// finds the stream failed.
+			h.logger.Warn("stream not retained: its client could not be attached; passed through",
+				zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Error(err))
+			untapped.WithLabelValues("attach_failed").Inc()
+			t.abandon(err)
+			return false
+		}
+		if c := h.logger.Check(zap.DebugLevel, "tapping request stream"); c != nil {
+			c.Write(zap.String("session", sid), zap.Uint32("stream", stream.Num()), zap.Strings("request_ids", ids))
+		}
+		t.startRelay(w, rd, priming(t.sess.Meta().Version, t.sess.Epoch(), stream.Num(), 1), 0)
+		return true
+	}
+	out := w
+	if sess != nil {
+		out = h.sessionWatch(w, sid) // an upstream 404 ends the session
+	}
+	res := t.attempt(t.upstreamRequest(r), out, start, false)
+	if !res.tapped {
+		return res.proxied
+	}
+	t.followRequest(res)
+	return nil // the client already has its response headers
 }

@@ -1,4 +1,4 @@
-package caddymodule
+package resume
 
 import (
 	"context"
@@ -20,9 +20,9 @@ func BenchmarkTap(b *testing.B) {
 	for _, size := range []int{100, 1024, 16384} {
 		b.Run(sizeLabel(size), func(b *testing.B) {
 			h := testHandler(b)
-			lim := h.limits()
+			lim := h.Limits()
 			lim.ResumeWindow = 0 // delivered events may go: the log recycles its chunks
-			h.zone.store.SetLimits(lim)
+			h.rt.store.SetLimits(lim)
 			s := newSession(b, h, "2025-06-18")
 			str, err := s.NewStream([]string{`1`}, [32]byte{})
 			if err != nil {

@@ -1,12 +1,12 @@
-package caddymodule
+package resume
 
 import (
 	"bytes"
 	"net/http"
 
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/jsonrpc"
 	"github.com/mcpresume/caddy-mcp-resume/internal/sse"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
@@ -21,25 +21,25 @@ const maxInitPeek = 1 << 20
 // session is registered before any byte of the result reaches the client, so
 // the client's next request always finds it. A session of a version without
 // resumable streams is remembered too, so its traffic is never tapped later.
-func (h *Handler) serveInitialize(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, call jsonrpc.Call) error {
+func (h *Engine) serveInitialize(w http.ResponseWriter, r *http.Request, next Next, call jsonrpc.Call) error {
 	asked := call.ProtocolVersion
-	if (asked == "" || resumable(asked)) && !h.zone.store.Admit(policy.Initialized) {
-		limitsHit.WithLabelValues("max_sessions").Inc()
+	tapped := asked == "" || resumable(asked)
+	meta, unbound := h.newBinding(r)
+	if tapped && !h.rt.store.Admit(policy.Initialized) {
 		h.logger.Warn("initialize refused: max_sessions reached", zap.Int("max_sessions", h.MaxSessions))
-		writeError(w, http.StatusServiceUnavailable, jsonrpc.CodeLimit, jsonrpc.CanonicalID(call.ID),
-			"mcp-resume: too many sessions (max_sessions); retry later")
-		return nil
+		return h.refuse(w, refuseMaxSessions, to{id: jsonrpc.CanonicalID(call.ID)})
 	}
-	if (asked == "" || resumable(asked)) && h.identityMissing(r) {
-		h.refuseMissingIdentity(w, jsonrpc.CanonicalID(call.ID))
-		return nil
+	if tapped && unbound {
+		h.logger.Error("session not bound: its bind placeholders are empty for this request; is the authentication handler before mcp_resume?",
+			zap.Strings("bind", h.binding()))
+		return h.refuse(w, refuseIdentityMissing, to{id: jsonrpc.CanonicalID(call.ID)})
 	}
 	up := r.Clone(r.Context())
 	up.Header.Del("Accept-Encoding") // the response is read here
 	iw := &initWriter{
-		ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w},
-		h:                     h,
-		r:                     r,
+		writerWrapper: &writerWrapper{ResponseWriter: w},
+		h:             h,
+		meta:          meta,
 	}
 	err := next.ServeHTTP(iw, up)
 	iw.finish()
@@ -58,9 +58,9 @@ const (
 // initWriter holds an initialize response back until it has learned the
 // session from it (at most maxInitPeek bytes), then lets it through.
 type initWriter struct {
-	*caddyhttp.ResponseWriterWrapper
-	h      *Handler
-	r      *http.Request
+	*writerWrapper
+	h      *Engine
+	meta   buffer.SessionMeta // the session's binding, its version and origin to come
 	mode   initMode
 	status int
 	held   []byte
@@ -69,7 +69,7 @@ type initWriter struct {
 
 func (iw *initWriter) WriteHeader(status int) {
 	if status < 200 {
-		iw.ResponseWriterWrapper.WriteHeader(status)
+		iw.writerWrapper.WriteHeader(status)
 		return
 	}
 	iw.status = status
@@ -85,7 +85,7 @@ func (iw *initWriter) WriteHeader(status int) {
 	default:
 		iw.mode = initPass
 	}
-	iw.ResponseWriterWrapper.WriteHeader(status)
+	iw.writerWrapper.WriteHeader(status)
 }
 
 func (iw *initWriter) Write(p []byte) (int, error) {
@@ -118,13 +118,13 @@ func (iw *initWriter) Write(p []byte) (int, error) {
 		} else if iw.mode == initPass {
 			held := iw.held
 			iw.held = nil
-			if _, err := iw.ResponseWriterWrapper.Write(held); err != nil {
+			if _, err := iw.writerWrapper.Write(held); err != nil {
 				return 0, err
 			}
 		}
 		return len(p), nil
 	}
-	return iw.ResponseWriterWrapper.Write(p)
+	return iw.writerWrapper.Write(p)
 }
 
 // FlushError holds flushes while bytes are held back.
@@ -132,7 +132,7 @@ func (iw *initWriter) FlushError() error {
 	if iw.mode == initJSON || iw.mode == initSSE {
 		return nil
 	}
-	return http.NewResponseController(iw.ResponseWriterWrapper.ResponseWriter).Flush()
+	return http.NewResponseController(iw.writerWrapper.ResponseWriter).Flush()
 }
 
 // learn registers the session, once, with the negotiated version.
@@ -145,7 +145,9 @@ func (iw *initWriter) learn(version string) {
 		iw.h.logger.Debug("session passes through: protocol version without resumption",
 			zap.String("session", sid), zap.String("protocol_version", version))
 	}
-	_, err := iw.h.zone.store.CreateSession(sid, iw.h.sessionMeta(iw.r, version, origin))
+	meta := iw.meta
+	meta.Version, meta.Origin = version, origin
+	_, err := iw.h.rt.store.CreateSession(sid, meta)
 	if err != nil {
 		if origin == policy.Initialized {
 			iw.h.logger.Warn("session not registered", zap.String("session", sid), zap.Error(err))
@@ -162,12 +164,12 @@ func (iw *initWriter) giveUp() {
 	iw.h.logger.Warn("initialize response too large or malformed to inspect; session passes through",
 		zap.String("session", iw.Header().Get(hdrSessionID)))
 	if iw.mode == initJSON {
-		iw.ResponseWriterWrapper.WriteHeader(iw.status)
+		iw.writerWrapper.WriteHeader(iw.status)
 	}
 	iw.mode = initPass
 	held := iw.held
 	iw.held = nil
-	iw.ResponseWriterWrapper.Write(held)
+	iw.writerWrapper.Write(held)
 }
 
 // finish completes a held JSON response once the upstream is done.
@@ -178,10 +180,10 @@ func (iw *initWriter) finish() {
 			iw.learn(v)
 		}
 		iw.mode = initPass
-		iw.ResponseWriterWrapper.WriteHeader(iw.status)
-		iw.ResponseWriterWrapper.Write(iw.held)
+		iw.writerWrapper.WriteHeader(iw.status)
+		iw.writerWrapper.Write(iw.held)
 	case initSSE:
 		iw.mode = initPass
-		iw.ResponseWriterWrapper.Write(iw.held)
+		iw.writerWrapper.Write(iw.held)
 	}
 }
