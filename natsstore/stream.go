@@ -121,8 +121,16 @@ func (s *stream) viewOf(rec *streamRecord) policy.StreamView {
 }
 
 // recordChanged runs when the mirror's record changed: a reader that is no
-// longer the attached one was taken over.
-func (s *stream) recordChanged(cur *streamRecord) {
+// longer the attached one was taken over. It judges by the record the
+// mirror holds now, not the one it was told of: the mirror applies
+// revisions in order but runs their callbacks unlocked, so an older
+// revision's callback (the record before an attach) can arrive after the
+// attach registered its reader, which it would take for a takeover.
+func (s *stream) recordChanged(*streamRecord) {
+	cur, ok := s.record()
+	if !ok {
+		cur = nil
+	}
 	s.rmu.Lock()
 	var over []*reader
 	for r := range s.readers {
