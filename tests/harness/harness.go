@@ -7,6 +7,7 @@
 package harness
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -39,9 +40,12 @@ func Main(m *testing.M) {
 const storeEnv = "MCPR_TEST_STORE"
 
 // MainBothStores is Main for suites whose guarantees both stores must keep:
-// it runs the tests with the memory store, then again (in a child process,
-// same flags) with every mcp_resume block given the JetStream store,
-// embedded, in a directory of its own per Caddy started.
+// it runs the tests with the memory store and, at the same time in a child
+// process (same flags), with every mcp_resume block given the JetStream
+// store, embedded, in a directory of its own per Caddy started. Caddy runs
+// in-process, one per process, so the two legs overlap only as processes;
+// each has its own ports and directories. The child's output follows the
+// parent's.
 func MainBothStores(m *testing.M) {
 	if os.Getenv(storeEnv) == "nats" {
 		mcptest.StoreBlock = "store nats {\n embedded {env." + storeDirEnv + "}\n}"
@@ -51,16 +55,21 @@ func MainBothStores(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
+	var childOut bytes.Buffer
+	child := exec.Command(os.Args[0], os.Args[1:]...)
+	child.Env = append(os.Environ(), storeEnv+"=nats")
+	child.Stdout, child.Stderr = &childOut, &childOut
+	childErr := child.Start()
 	code := m.Run()
 	cleanup()
-	if code == 0 {
-		fmt.Fprintln(os.Stderr, "--- the same tests with the JetStream store (store nats { embedded })")
-		cmd := exec.Command(os.Args[0], os.Args[1:]...)
-		cmd.Env = append(os.Environ(), storeEnv+"=nats")
-		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-		if err := cmd.Run(); err != nil {
-			code = 1
-		}
+	if childErr == nil {
+		childErr = child.Wait()
+	}
+	fmt.Fprintln(os.Stderr, "--- the same tests with the JetStream store (store nats { embedded })")
+	os.Stdout.Write(childOut.Bytes())
+	if childErr != nil {
+		fmt.Fprintln(os.Stderr, "the JetStream leg failed:", childErr)
+		code = 1
 	}
 	os.Exit(code)
 }
