@@ -13,7 +13,9 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-func TestMain(m *testing.M) { harness.MainBothStores(m) }
+// Its legs run in turn: its tests measure the process (heap growth, stall
+// clocks), and the other leg's load would be in their figures.
+func TestMain(m *testing.M) { harness.MainBothStoresInTurn(m) }
 
 // heapVersusRetained is why the heap tests run with the memory store only.
 const heapVersusRetained = "it measures the process heap against retained_bytes; the JetStream store keeps events in JetStream (here an embedded server in the same heap), bounded by JetStream's max_bytes"

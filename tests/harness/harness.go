@@ -46,7 +46,14 @@ const storeEnv = "MCPR_TEST_STORE"
 // in-process, one per process, so the two legs overlap only as processes;
 // each has its own ports and directories. The child's output follows the
 // parent's.
-func MainBothStores(m *testing.M) {
+func MainBothStores(m *testing.M) { mainBothStores(m, true) }
+
+// MainBothStoresInTurn is MainBothStores with the JetStream leg after the
+// memory leg, for suites that measure the process (heap growth, stall
+// clocks): the other leg's load would be in their figures.
+func MainBothStoresInTurn(m *testing.M) { mainBothStores(m, false) }
+
+func mainBothStores(m *testing.M, overlap bool) {
 	if os.Getenv(storeEnv) == "nats" {
 		mcptest.StoreBlock = "store nats {\n embedded {env." + storeDirEnv + "}\n}"
 		Main(m)
@@ -59,11 +66,19 @@ func MainBothStores(m *testing.M) {
 	child := exec.Command(os.Args[0], os.Args[1:]...)
 	child.Env = append(os.Environ(), storeEnv+"=nats")
 	child.Stdout, child.Stderr = &childOut, &childOut
-	childErr := child.Start()
+	var childErr error
+	if overlap {
+		childErr = child.Start()
+	}
 	code := m.Run()
 	cleanup()
-	if childErr == nil {
+	switch {
+	case overlap && childErr == nil:
 		childErr = child.Wait()
+	case !overlap && code == 0:
+		childErr = child.Run()
+	case !overlap:
+		os.Exit(code) // the memory leg failed: the JetStream leg is not run
 	}
 	fmt.Fprintln(os.Stderr, "--- the same tests with the JetStream store (store nats { embedded })")
 	os.Stdout.Write(childOut.Bytes())
