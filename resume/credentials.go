@@ -84,26 +84,34 @@ func HeaderPlaceholders(r *http.Request, s string) string {
 // the principal it names, if the proxy can tell (a JWT's iss and sub; the
 // upstream verifies the signature before the proxy relies on it).
 func (h *Engine) credential(r *http.Request) buffer.Credential {
+	c := buffer.Credential{Hash: h.credentialHash(r)}
+	if values := r.Header.Values("Authorization"); len(values) == 1 {
+		if iss, sub, ok := bearer.Subject(values[0]); ok {
+			mac := hmac.New(sha256.New, h.rt.store.Key())
+			mac.Write([]byte("principal\x00" + iss + "\x00" + sub))
+			mac.Sum(c.Principal.Hash[:0])
+			c.Principal.Known = true
+		}
+	}
+	return c
+}
+
+// credentialHash is the keyed hash of the request's Authorization values
+// alone: all a request with the bound token needs, so the token is decoded
+// only when it changed.
+func (h *Engine) credentialHash(r *http.Request) (sum [32]byte) {
 	values := r.Header.Values("Authorization")
 	if len(values) == 0 {
-		return buffer.Credential{}
+		return sum
 	}
-	key := h.rt.store.Key()
-	var c buffer.Credential
-	mac := hmac.New(sha256.New, key)
+	mac := hmac.New(sha256.New, h.rt.store.Key())
 	mac.Write([]byte("bearer\x00"))
 	for _, v := range values {
 		mac.Write([]byte(v))
 		mac.Write([]byte{0})
 	}
-	mac.Sum(c.Hash[:0])
-	if iss, sub, ok := bearer.Subject(values[0]); ok && len(values) == 1 {
-		mac := hmac.New(sha256.New, key)
-		mac.Write([]byte("principal\x00" + iss + "\x00" + sub))
-		mac.Sum(c.Principal.Hash[:0])
-		c.Principal.Known = true
-	}
-	return c
+	mac.Sum(sum[:0])
+	return sum
 }
 
 // newBinding is what a session r begins is bound with (sessionMeta, its
@@ -220,8 +228,8 @@ func (h *Engine) access(r *http.Request, sid string, kind policy.RequestKind) (p
 	// checked, its credential is the upstream's alone.
 	a.Bearer = hasBearer(b.meta.Bind) && b.meta.Origin != policy.Untapped
 	if a.Bearer {
-		c := h.credential(r)
-		a.CredentialMatch = hmac.Equal(c.Hash[:], b.meta.Credential.Hash[:])
+		got := h.credentialHash(r)
+		a.CredentialMatch = hmac.Equal(got[:], b.meta.Credential.Hash[:])
 	}
 	return a, b
 }
