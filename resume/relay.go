@@ -97,9 +97,11 @@ func (rl *relay) run(ctx context.Context) {
 		case errors.Is(err, buffer.ErrTakenOver):
 			abortClient(rl.w)
 			return
-		case rl.sess.Context().Err() != nil:
+		case rl.sess.Context().Err() != nil || errors.Is(err, buffer.ErrSessionGone):
 			// The session ended under the client (its DELETE, the
-			// upstream's 404, a purge): its events went with it.
+			// upstream's 404, a purge): its events went with it. A shared
+			// store's reader may learn it before the session's context
+			// ends (the record's deletion reaches the stream first).
 			rl.sessionEnded()
 			return
 		case errors.Is(err, buffer.ErrBelowFloor):

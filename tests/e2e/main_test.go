@@ -9,4 +9,6 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-func TestMain(m *testing.M) { harness.MainBothStores(m) }
+// Its legs run in turn: side by side, the load made timing races show
+// (resumes racing a DELETE, connections reset by a reload).
+func TestMain(m *testing.M) { harness.MainBothStoresInTurn(m) }
