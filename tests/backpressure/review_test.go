@@ -259,7 +259,14 @@ func TestIdleStreamsGiveLargeBuffersBack(t *testing.T) {
 	idle(1)
 	base := mcptest.SettledHeap()
 	idle(6)
-	grown := int64(mcptest.SettledHeap()) - int64(base)
+	// Kept for the stream's life is what fails: a loaded machine can show a
+	// plateau while a connection or two still let go of their buffers, so
+	// the heap is given 10 s to come down before it is judged.
+	var grown int64
+	mcptest.Eventually(10*time.Second, 250*time.Millisecond, func() bool {
+		grown = int64(mcptest.SettledHeap()) - int64(base)
+		return grown <= 8<<20
+	})
 	t.Logf("six idle streams after a 4 MB event each: heap grew %d", grown)
 	if grown > 8<<20 {
 		t.Fatalf("six idle streams hold %d bytes: event-sized buffers kept", grown)
