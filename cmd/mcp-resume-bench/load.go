@@ -28,7 +28,7 @@ import (
 
 // command is one run the proxy's process asks for.
 type command struct {
-	Op            string // throughput, latency, resume
+	Op            string // throughput, latency, resume, calls, churn
 	Base          string // where the clients go: a proxy, or the upstream (direct)
 	Admin         string // Caddy's admin endpoint (resume)
 	Size, Streams int
@@ -69,7 +69,7 @@ func loadMain() error {
 	go (&http.Server{Handler: l.up, ReadHeaderTimeout: 10 * time.Second}).Serve(ln)
 	fmt.Println(ln.Addr().String())
 	ops := map[string]func(context.Context, command) (result, error){
-		"throughput": l.throughput, "latency": l.latency, "resume": l.resume}
+		"throughput": l.throughput, "latency": l.latency, "resume": l.resume, "calls": l.calls, "churn": l.churn}
 	for l.in.Scan() {
 		var c command
 		if err := json.Unmarshal(l.in.Bytes(), &c); err != nil || ops[c.Op] == nil {
@@ -258,5 +258,86 @@ func (l *loader) resume(ctx context.Context, c command) (r result, err error) {
 	if r.Elapsed = time.Since(t1); err == nil && r.Events != int64(c.Total-pre) {
 		err = fmt.Errorf("replayed %d of %d events", r.Events, c.Total-pre)
 	}
+	return r, err
+}
+
+// callSize is the JSON-RPC bytes of the one progress notification a short
+// call sends before its result (~300 B of SSE in all with the result).
+const callSize = 160
+
+// shortCall makes one tools/call answered by a progress notification and
+// the result, read to its end.
+func shortCall(ctx context.Context, c *mcptest.Client, id int) error {
+	resp, err := call(ctx, c, mcptest.StreamArgs{N: 1, Size: callSize})
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	n, _, err := drain(resp.Body, nil)
+	if err == nil && n != 1 {
+		err = fmt.Errorf("got %d progress notifications, want 1", n)
+	}
+	return err
+}
+
+// calls: Streams sessions, each making short calls back to back, Total
+// calls in all; Events is the calls made, P50/P99/Max their latency
+// (request sent to result read).
+func (l *loader) calls(ctx context.Context, c command) (result, error) {
+	cs, closeAll, err := l.open(ctx, c.Base, c.Streams)
+	defer closeAll()
+	if err != nil {
+		return result{}, err
+	}
+	per := max(c.Total/c.Streams, 1)
+	lats := make([][]float64, c.Streams)
+	cpu0, t0 := l.mark(), time.Now()
+	err = mcptest.Parallel(c.Streams, c.Streams, func(i int) error {
+		lats[i] = make([]float64, 0, per)
+		for j := range per {
+			start := time.Now()
+			if err := shortCall(ctx, cs[i], j+2); err != nil {
+				return err
+			}
+			lats[i] = append(lats[i], float64(time.Since(start).Nanoseconds())/1e3)
+		}
+		return nil
+	})
+	r := result{Elapsed: time.Since(t0)}
+	r.CPU = l.mark() - cpu0
+	all := slices.Concat(lats...)
+	r.Events, r.P50, r.P99, r.Max = int64(len(all)), percentile(all, 50), percentile(all, 99), percentile(all, 100)
+	return r, err
+}
+
+// churn: Streams workers, each running whole sessions back to back (
+// initialize, notifications/initialized, one short call, DELETE), Total
+// sessions in all; Events is the sessions run, P50/P99/Max their latency.
+func (l *loader) churn(ctx context.Context, c command) (result, error) {
+	per := max(c.Total/c.Streams, 1)
+	lats := make([][]float64, c.Streams)
+	cpu0, t0 := l.mark(), time.Now()
+	err := mcptest.Parallel(c.Streams, c.Streams, func(i int) error {
+		lats[i] = make([]float64, 0, per)
+		for range per {
+			start := time.Now()
+			s := mcptest.NewClient(c.Base, protocolVersion, l.hc)
+			if err := s.Initialize(ctx); err != nil {
+				return err
+			}
+			if err := shortCall(ctx, s, 1); err != nil {
+				return err
+			}
+			if err := s.Delete(ctx); err != nil {
+				return err
+			}
+			lats[i] = append(lats[i], float64(time.Since(start).Nanoseconds())/1e3)
+		}
+		return nil
+	})
+	r := result{Elapsed: time.Since(t0)}
+	r.CPU = l.mark() - cpu0
+	all := slices.Concat(lats...)
+	r.Events, r.P50, r.P99, r.Max = int64(len(all)), percentile(all, 50), percentile(all, 99), percentile(all, 100)
 	return r, err
 }

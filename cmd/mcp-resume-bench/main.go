@@ -49,6 +49,7 @@ type config struct {
 	phases                   map[string]bool
 	scale                    float64
 	sizes, streams, replay   []int
+	callSessions             []int
 	cpuprofile, profileSetup string
 	baseProfile, baseLabel   string
 	gobench                  bool
@@ -76,13 +77,14 @@ func parseFlags(args []string) (config, error) {
 	quick := fs.Bool("quick", false, "smoke run: 1 round, smaller runs (not for publishing)")
 	fs.BoolVar(&c.load, "load", false, "internal: be the load process (upstream and clients)")
 	fs.IntVar(&c.rounds, "rounds", 5, "measured rounds per figure, after a warm-up round")
-	phases := fs.String("phases", "throughput,latency,resume", "phases to run")
+	phases := fs.String("phases", "throughput,latency,resume,calls", "phases to run (calls: short tool calls and session churn)")
 	only := fs.String("setups", strings.Join(setups, ","), "setups to measure (a subset of the default)")
 	fs.Float64Var(&c.scale, "scale", 1, "multiplier on events per throughput and latency run")
 	lists := map[string]*string{
 		"sizes":   fs.String("sizes", "100,1024,16384", "event sizes (JSON-RPC message bytes) for throughput"),
 		"streams": fs.String("streams", "1,64", "concurrent streams (one session each) for throughput"),
 		"replay":  fs.String("replay", "1000,100000", "retained events per resume run"),
+		"calls":   fs.String("call-sessions", "1,32", "concurrent sessions making short calls (calls phase)"),
 	}
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the proxy in an extra pass of one setup's workloads")
 	fs.StringVar(&c.baseProfile, "base-profile", "", "a CPU profile from an earlier build (-cpuprofile there) to show beside this run's")
@@ -102,7 +104,7 @@ func parseFlags(args []string) (config, error) {
 	}
 	for _, p := range strings.Split(*phases, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case "throughput", "latency", "resume":
+		case "throughput", "latency", "resume", "calls":
 			c.phases[p] = true
 		case "":
 		default:
@@ -110,7 +112,7 @@ func parseFlags(args []string) (config, error) {
 		}
 	}
 	setups = slices.DeleteFunc(slices.Clone(allSetups), func(s string) bool { return !slices.Contains(strings.Split(*only, ","), s) })
-	dst := map[string]*[]int{"sizes": &c.sizes, "streams": &c.streams, "replay": &c.replay}
+	dst := map[string]*[]int{"sizes": &c.sizes, "streams": &c.streams, "replay": &c.replay, "calls": &c.callSessions}
 	for name, v := range lists {
 		var err error
 		if *dst[name], err = intList(*v); err != nil || len(*dst[name]) == 0 {
@@ -174,6 +176,7 @@ type bench struct {
 	fromLoad *bufio.Scanner
 	bases    map[string]string // by setup
 	admin    string
+	idle     float64 // the proxy's own CPU, in cores, with nothing to do
 }
 
 // setups: the clients read the upstream directly, through plain
@@ -205,7 +208,11 @@ func run(cfg config) error {
 	if cfg.waitQuiet > 0 {
 		b.waitQuiet()
 	}
-	rep := &report{cfg: cfg, tp: map[tpConfig]map[string][]tpRun{}, latency: map[string][]result{}, resume: map[key][]result{}}
+	rep := &report{cfg: cfg, tp: map[tpConfig]map[string][]tpRun{}, latency: map[string][]result{}, resume: map[key][]result{},
+		calls: map[callConfig]map[string][]callRun{}}
+	if cfg.phases["calls"] {
+		b.idle = b.idleRate()
+	}
 	rep.metricsBefore, _ = mcptest.ScrapeMetrics(b.admin + "/metrics")
 	busy0, own0, started := b.cpuSample()
 	// Every setup, round by round (round 0 warms up), in another order each.
@@ -254,6 +261,20 @@ func run(cfg config) error {
 				logf("resume %7d events %-10s: fill %v, first event after %v, replay %.0f events/s", n, s,
 					r.Fill.Round(time.Microsecond), r.TTFB.Round(time.Microsecond), replayRate(r))
 			}
+		}
+	}
+	for _, c := range cfg.callConfigs() {
+		rep.calls[c] = map[string][]callRun{}
+		if err := rounds("calls", func(s string, measured bool) error {
+			r, err := b.calls(s, c)
+			if measured {
+				rep.calls[c][s] = append(rep.calls[c][s], r)
+			}
+			logf("%-24s %-10s: %6.0f /s, p50 %5.0f µs, p99 %6.0f µs; proxy %4.0f µs CPU (%3.0f after the run), %4.0f allocs, %4.1f syscalls each",
+				c.key(), s, r.perSec(), r.P50, r.P99, r.proxyCPU(), r.afterCPU(), r.allocs(), r.sysPer())
+			return err
+		}); err != nil {
+			return err
 		}
 	}
 	busy1, own1, _ := b.cpuSample()

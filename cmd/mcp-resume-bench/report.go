@@ -19,6 +19,7 @@ type report struct {
 	tp                          map[tpConfig]map[string][]tpRun
 	latency                     map[string][]result
 	resume                      map[key][]result
+	calls                       map[callConfig]map[string][]callRun
 	elapsed                     time.Duration
 	otherCores                  float64
 	metricsBefore, metricsAfter mcptest.Metrics
@@ -157,6 +158,7 @@ func (r *report) markdown() string {
 			line("tap into the log with no client, "+label+", ev/s", per(func(x result) float64 { return float64(n-5) / x.Fill.Seconds() }, rs), num, "")
 		}
 	}
+	t.WriteString(r.callsMarkdown())
 	t.WriteString("\n### Targets (as computed by this run)\n\n")
 	met := map[bool]string{true: "**met**", false: "**not met**"}
 	for _, c := range cfgs {
@@ -180,6 +182,7 @@ func (r *report) markdown() string {
 		eps := medianOf(r.resume[key{n, "mcp_resume"}], replayRate)
 		fmt.Fprintf(&t, "- issue 7: replay of %s events ≥ live throughput (1 stream, 1 KiB): %s vs %s ev/s → %s\n", groupDigits(n), num(eps), num(r.live()), met[eps >= r.live()])
 	}
+	t.WriteString(r.callTargets())
 	return t.String() + r.appendix()
 }
 
