@@ -428,7 +428,8 @@ type key struct {
 }
 
 // profile profiles this process (the proxy) in one more pass of the
-// mcp_resume throughput configurations and the largest replay.
+// profiled setup's throughput and calls configurations and the largest
+// replay.
 func (b *bench) profile() error {
 	if b.cfg.cpuprofile == "" {
 		return nil
@@ -444,8 +445,19 @@ func (b *bench) profile() error {
 	}
 	defer pprof.StopCPUProfile()
 	for _, c := range b.cfg.tpConfigs() {
-		if _, err := b.throughput(b.cfg.profileSetup, c); err != nil || !b.cfg.phases["throughput"] {
+		if !b.cfg.phases["throughput"] {
 			break
+		}
+		if _, err := b.throughput(b.cfg.profileSetup, c); err != nil {
+			return err
+		}
+	}
+	for _, c := range b.cfg.callConfigs() {
+		if !b.cfg.phases["calls"] {
+			break
+		}
+		if _, err := b.calls(b.cfg.profileSetup, c); err != nil {
+			return err
 		}
 	}
 	if b.cfg.phases["resume"] && retaining(b.cfg.profileSetup) {

@@ -114,6 +114,9 @@ func (p *Process) Wait(timeout time.Duration) bool {
 	}
 }
 
+// Pid is the running process's ID.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
 // Exited reports whether the process has exited.
 func (p *Process) Exited() bool {
 	select {
