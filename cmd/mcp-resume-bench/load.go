@@ -268,7 +268,10 @@ const callSize = 160
 // shortCall makes one tools/call answered by a progress notification and
 // the result, read to its end.
 func shortCall(ctx context.Context, c *mcptest.Client, id int) error {
-	resp, err := call(ctx, c, mcptest.StreamArgs{N: 1, Size: callSize})
+	// Each call its own id: the same id and body again would be a repeated
+	// request, which mcp_resume answers from the first call's retained
+	// stream without asking the upstream.
+	resp, err := c.Call(ctx, id, "stream", mcptest.StreamArgs{N: 1, Size: callSize}, "b")
 	if err != nil {
 		return err
 	}
