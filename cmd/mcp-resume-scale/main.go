@@ -177,8 +177,11 @@ var hc = &http.Client{Transport: &http.Transport{MaxIdleConns: 1024, MaxIdleConn
 
 const version = "2025-06-18"
 
-func shortCall(ctx context.Context, c *mcptest.Client) error {
-	resp, err := c.Call(ctx, 1, "stream", mcptest.StreamArgs{N: 1, Size: 160}, "p")
+// shortCall makes call number id of a session: each its own id, since the
+// same id and body again is a repeated request, answered from the first
+// call's retained stream without asking the upstream.
+func shortCall(ctx context.Context, c *mcptest.Client, id int) error {
+	resp, err := c.Call(ctx, id, "stream", mcptest.StreamArgs{N: 1, Size: 160}, "p")
 	if err != nil {
 		return err
 	}
@@ -221,8 +224,8 @@ func calls(ctx context.Context, cl *cluster, c config) func() error {
 		defer mcptest.Parallel(c.sessions, c.sessions, func(i int) error { return cs[i].Delete(ctx) })
 		per := max(c.calls/c.sessions, 1)
 		return mcptest.Parallel(c.sessions, c.sessions, func(i int) error {
-			for range per {
-				if err := shortCall(ctx, cs[i]); err != nil {
+			for j := range per {
+				if err := shortCall(ctx, cs[i], j+1); err != nil {
 					return err
 				}
 			}
@@ -240,7 +243,7 @@ func churn(ctx context.Context, cl *cluster, c config) func() error {
 				if err := s.Initialize(ctx); err != nil {
 					return err
 				}
-				if err := shortCall(ctx, s); err != nil {
+				if err := shortCall(ctx, s, 1); err != nil {
 					return err
 				}
 				if err := s.Delete(ctx); err != nil {
