@@ -35,11 +35,11 @@ func TestALeaseThatLapsedDuringAnOutageIsSeenGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	str.ClaimProducer()
+	p := claim(t, str)
 
 	link.cut()
 	str.Fail(policy.ReasonUpstreamFailed) // cannot reach NATS
-	str.ReleaseProducer()
+	p.Done()
 	time.Sleep(2*time.Second + 5*time.Second + time.Second) // the lease lapses, its marker goes
 	link.mend()
 
@@ -92,7 +92,7 @@ func TestAReadIsNotHeldByALeaseCheckWhileCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	gb := sb.Standalone()
-	if !gb.ClaimProducer() {
+	if tryClaim(gb) == nil {
 		t.Fatal("no lease")
 	}
 	appendEvents(t, gb, 1, 3)
@@ -142,7 +142,7 @@ func TestALeaseTakenAgainGoesWithItsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	str.ClaimProducer()
+	p := claim(t, str)
 	key := str.(*stream).key
 	link.cut()
 	go str.Append(context.Background(), []byte("data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"), []string{"1"})
@@ -155,7 +155,7 @@ func TestALeaseTakenAgainGoesWithItsStream(t *testing.T) {
 	time.Sleep(3 * time.Second) // A reconnects, renews (reacquires), its publish conflicts
 	t.Logf("after mend: A holds %v, KV leased %v", a.holds(key), b.leased(context.Background(), key))
 	str.Complete()
-	str.ReleaseProducer()
+	p.Done()
 	time.Sleep(4 * time.Second) // two TTLs
 	holds, leased := a.holds(key), b.leased(context.Background(), key)
 	t.Logf("after the producer let go: A holds %v, KV leased %v, state %v", holds, leased, str.View().State)

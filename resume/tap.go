@@ -49,6 +49,7 @@ type upstreamTap struct {
 
 	sess    buffer.Session
 	stream  buffer.Stream
+	prod    buffer.Producer // the tap's role on stream: Done once its upstream response is closed
 	version string
 
 	// The upstream's own cursor on this stream, never shown to clients.
@@ -110,13 +111,25 @@ func (t *upstreamTap) tie(sess buffer.Session) {
 	t.unlink = context.AfterFunc(sess.Context(), t.cancel)
 }
 
+// produce makes the tap stream's producer with role p: the tap stops when
+// the role must (another replica holds the lease now), and a tap that
+// stops for its own reasons (its session's end, a drain) shows its role
+// as stopping, so a taker waits for it instead of relaying.
+func (t *upstreamTap) produce(stream buffer.Stream, p buffer.Producer) {
+	t.stream, t.prod = stream, p
+	context.AfterFunc(p.Context(), t.cancel)
+	context.AfterFunc(t.ctx, p.Stop)
+}
+
 // close releases what the tap holds, then waits for the first response's
-// relay: releasing the producer role is what ends a caught-up relay of the
-// standalone stream (its client reconnects, which opens a new upstream GET).
+// relay. Its upstream response is closed by now (attempt returned), so
+// the role goes: that is what ends a caught-up relay of the standalone
+// stream (its client reconnects, which opens a new upstream GET) and what
+// a successor waits for.
 func (t *upstreamTap) close() {
-	if t.stream != nil {
+	if t.prod != nil {
 		t.stream.SetUpstreamCursor(t.storedCursor()) // before the role goes: the next producer resumes from it
-		t.stream.ReleaseProducer()
+		t.prod.Done()
 	}
 	if t.relayDone != nil {
 		<-t.relayDone
@@ -435,8 +448,10 @@ func (t *upstreamTap) abandon(err error) {
 	if !errors.Is(err, buffer.ErrSessionGone) {
 		t.fail(policy.ReasonUpstreamFailed)
 	}
-	t.stream.ReleaseProducer()
-	t.stream = nil
+	if t.prod != nil {
+		t.prod.Done()
+	}
+	t.stream, t.prod = nil, nil
 }
 
 // fail ends the stream loudly: its log gets the gap event and the errors
@@ -577,9 +592,13 @@ func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
 			untapped.WithLabelValues("stream_refused").Inc()
 			return false
 		}
-		stream.ClaimProducer()
 		t.stream, t.pending = stream, append([]string(nil), ids...)
-		rd, err := stream.Attach(1)
+		p, err := stream.TakeProducer(t.ctx) // a new stream: the role is this request's
+		var rd buffer.Reader
+		if err == nil {
+			t.produce(stream, p)
+			rd, err = stream.Attach(1)
+		}
 		if err != nil {
 			// The upstream runs the call now: its answer goes to the
 			// client as it comes, never nowhere. A repeat of the request
