@@ -251,7 +251,7 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 		t.startRelay(w, rd, h.adoptionGap(s, lastID, reason), 0)
 		return true
 	}
-	res := t.attempt(t.standaloneRequest(r), w, start, false)
+	res := t.openStandalone(r, w, start)
 	switch {
 	case attachErr != nil:
 		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})

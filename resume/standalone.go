@@ -66,13 +66,76 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 		t.startRelay(w, rd, pre, replayUpTo)
 		out, start = discard(), func(http.Header) bool { return true }
 	}
-	res := t.attempt(t.standaloneRequest(r), out, start, false)
+	res := t.openStandalone(r, out, start)
 	if !res.tapped && !answerNow {
 		rd.Close() // the upstream's answer went to the client (a 404 ended the session)
 		return res.proxied
 	}
 	t.followStandalone(res)
 	return nil
+}
+
+// openStandalone sends the upstream GET of the standalone stream; its
+// answer goes to out (start at a stream). The previous GET of the session
+// is closed by now, but an upstream notices a closed connection a moment
+// later (1 to 40 ms measured, on a loaded machine, for the Go SDK server,
+// which answers 409 meanwhile). So a 409 within noticeGrace of this
+// runtime's own close of the session's previous GET is asked again after
+// a pause; any other 409 is the upstream's answer, for the client.
+func (t *upstreamTap) openStandalone(r *http.Request, out http.ResponseWriter, start func(http.Header) bool) attemptResult {
+	sid := r.Header.Get(hdrSessionID)
+	noticed := t.h.rt.closedGETs.closedAt(sid).Add(noticeGrace)
+	defer func() { t.dropConflict = nil }()
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
+		if time.Until(noticed) > pause {
+			t.dropConflict = func() bool { return time.Until(noticed) > pause }
+		} else {
+			t.dropConflict = nil
+		}
+		res := t.attempt(t.standaloneRequest(r), out, start, false)
+		if !res.dropped {
+			return res
+		}
+		t.h.logger.Debug("upstream answered 409 right after the proxy closed the session's previous GET: asked again",
+			zap.String("session", sid))
+		if !t.sleep(pause) {
+			return res
+		}
+	}
+}
+
+// noticeGrace bounds how long after the proxy closed a session's
+// standalone GET the upstream may still take it for open.
+const noticeGrace = time.Second
+
+// closedGETs remember when this runtime last closed each session's
+// standalone GET itself (not the upstream ending it), for noticeGrace.
+type closedGETs struct {
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+func (c *closedGETs) closed(sid string) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, at := range c.m {
+		if now.Sub(at) > noticeGrace {
+			delete(c.m, id)
+		}
+	}
+	if c.m == nil {
+		c.m = make(map[string]time.Time)
+	}
+	c.m[sid] = now
+}
+
+// closedAt is when sid's standalone GET was last closed here (zero if not
+// within noticeGrace).
+func (c *closedGETs) closedAt(sid string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[sid]
 }
 
 // handoverTimeout bounds the wait for the previous producer of a stream

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"io"
+	"maps"
 	"net/http"
 	"time"
 
@@ -79,6 +80,9 @@ type upstreamTap struct {
 	// upstream's IDs, so a reconnect asks for what follows, not for them again.
 	resumable bool
 	failure   error // why the current attempt's appends stopped
+	// dropConflict, if set, says whether an upstream 409 to the current
+	// attempt is dropped (asked again) instead of passed on.
+	dropConflict func() bool
 
 	relayDone chan struct{}
 }
@@ -129,6 +133,9 @@ func (t *upstreamTap) produce(stream buffer.Stream, p buffer.Producer) {
 func (t *upstreamTap) close() {
 	if t.prod != nil {
 		t.stream.SetUpstreamCursor(t.storedCursor()) // before the role goes: the next producer resumes from it
+		if t.stream.Kind() == policy.StandaloneStream && t.ctx.Err() != nil {
+			t.h.rt.closedGETs.closed(t.sess.ID()) // by the proxy: the upstream notices a moment later
+		}
 		t.prod.Done()
 	}
 	if t.relayDone != nil {
@@ -144,6 +151,7 @@ func (t *upstreamTap) close() {
 // attemptResult is what one upstream request of the tap came to.
 type attemptResult struct {
 	status  int           // the upstream's status, 0 if none came
+	dropped bool          // a 409 dropConflict held back from the client
 	tapped  bool          // a 200 text/event-stream fed the stream
 	broken  bool          // the response ended abnormally (connection error, abort)
 	proxied error         // what the next handler returned (e.g. 502: the upstream is unreachable)
@@ -163,13 +171,16 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 	t.conn++
 	t.resumed = req.Header.Get(hdrLastEventID) != ""
 	tw := &tapWriter{writerWrapper: &writerWrapper{ResponseWriter: out}, t: t, start: start}
+	if t.dropConflict != nil {
+		tw.header = http.Header{} // the answer's headers reach out only if it is passed on
+	}
 	stopped := false
 	if stopWhenAnswered {
 		tw.answered = func() { stopped = true; cancel() }
 	}
 	began := time.Now()
 	defer func() {
-		res.status, res.tapped, res.lasted = tw.status, tw.tapping, time.Since(began)
+		res.status, res.tapped, res.dropped, res.lasted = tw.status, tw.tapping, tw.dropped, time.Since(began)
 		p := recover()
 		switch {
 		case stopped:
@@ -479,12 +490,34 @@ type tapWriter struct {
 	answered func()                 // if set, called once every request is answered: stop reading
 	status   int
 	tapping  bool
+	// header, with the tap's dropConflict, holds the upstream's headers
+	// until its status says whether they reach the client; dropped: they
+	// did not (a 409 asked again).
+	header  http.Header
+	dropped bool
+}
+
+func (tw *tapWriter) Header() http.Header {
+	if tw.header != nil {
+		return tw.header
+	}
+	return tw.writerWrapper.Header()
 }
 
 func (tw *tapWriter) WriteHeader(status int) {
 	if status < 200 { // informational (103 Early Hints): pass on
 		if !tw.tapping && tw.status == 0 {
+			if tw.header == nil {
+				tw.writerWrapper.WriteHeader(status)
+				return
+			}
+			// With its own headers only, as reverse_proxy sends it.
+			h := tw.writerWrapper.Header()
+			own := h.Clone()
+			maps.Copy(h, tw.header)
 			tw.writerWrapper.WriteHeader(status)
+			clear(h)
+			maps.Copy(h, own)
 		}
 		return
 	}
@@ -492,6 +525,15 @@ func (tw *tapWriter) WriteHeader(status int) {
 		return
 	}
 	tw.status = status
+	if tw.header != nil {
+		if status == http.StatusConflict && tw.t.dropConflict() {
+			tw.dropped = true
+			tw.writerWrapper.ResponseWriter = discard()
+			return
+		}
+		maps.Copy(tw.writerWrapper.Header(), tw.header)
+		tw.header = nil
+	}
 	if tappable(status, tw.Header()) && tw.start(tw.Header()) {
 		tw.tapping = true
 		return
