@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -196,23 +197,25 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 	if version == "" {
 		version = defaultVersion
 	}
-	// The upstream GET of an ended incarnation of the session (here or on
-	// another replica) is closed before the adopting one opens, and one
-	// adoption runs at a time here.
+	// One adoption of a session runs at a time here, until the upstream
+	// answered it; the upstream GET of an ended incarnation of the session
+	// (here or on another replica) is closed before the adopting one opens.
 	ctx, cancel := context.WithTimeout(r.Context(), handoverTimeout)
 	defer cancel()
 	unlock, err := h.rt.adoptions.lock(ctx, sid)
-	if err == nil {
-		defer unlock()
-		err = h.rt.store.StandaloneClosed(ctx, sid)
-	}
 	if err != nil {
+		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
+	}
+	unlock = sync.OnceFunc(unlock)
+	defer unlock()
+	if s, ok := h.rt.store.Session(sid); ok { // adopted meanwhile
+		unlock()
+		return h.serveAdopted(w, r, next, s, lastID, reason)
+	}
+	if err := h.rt.store.StandaloneClosed(ctx, sid); err != nil {
 		h.logger.Warn("session not adopted: its previous upstream GET did not close in time",
 			zap.String("session", sid), zap.Error(err))
 		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
-	}
-	if s, ok := h.rt.store.Session(sid); ok { // adopted meanwhile
-		return h.serveAdopted(w, r, next, s, lastID, reason)
 	}
 	t := h.newTap(r, next, nil, version)
 	defer t.close()
@@ -252,10 +255,12 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 		return true
 	}
 	res := t.openStandalone(r, w, start)
+	unlock() // the upstream answered: the session is adopted, or not to be
 	switch {
 	case attachErr != nil:
 		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
 	case existing != nil:
+		h.rt.closedGETs.closed(sid) // this GET, dropped: the upstream notices a moment later
 		return h.serveAdopted(w, r, next, existing, lastID, reason)
 	case !res.tapped:
 		return res.proxied // the upstream's answer went to the client

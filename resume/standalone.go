@@ -42,8 +42,10 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 	p, err := stream.TakeProducer(ctx)
 	cancel()
 	switch {
-	case errors.Is(err, buffer.ErrProducing):
-		return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo) // an upstream GET feeds it already
+	case errors.Is(err, buffer.ErrProducing), errors.Is(err, buffer.ErrSessionGone):
+		// An upstream GET feeds it already (the relay follows it), or the
+		// session ended meanwhile (the relay tells the client).
+		return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
 	case err != nil:
 		rd.Close()
 		h.logger.Warn("standalone stream refused: its previous upstream GET did not close in time",
