@@ -230,3 +230,57 @@ func (c *cutter) mend() {
 	c.down = false
 	c.mu.Unlock()
 }
+
+// The standalone stream's producer on A, cut off from NATS: A cannot renew
+// its lease, so it stops its producer (its upstream GET closes) at 2/3 of
+// the lease TTL, before the lease can lapse; B takes the stream over only
+// after that, and only once the lease lapsed.
+func TestAStandaloneProducerCutOffStopsBeforeItsLeaseLapses(t *testing.T) {
+	ns := testnet.NATS(t)
+	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	mod := func(o *Options) { o.LeaseTTL = 3 * time.Second }
+	a := openAt(t, []string{"nats://" + link.addr()}, mod)
+	b := openAt(t, []string{ns.ClientURL()}, mod)
+	sa, err := a.CreateSession("fenced", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa := claim(t, sa.Standalone())
+	gb := sessionOn(t, b, "fenced").Standalone()
+	if _, err := gb.TakeProducer(t.Context()); !errors.Is(err, buffer.ErrProducing) {
+		t.Fatalf("B's TakeProducer while A produces: %v, want ErrProducing", err)
+	}
+	link.cut()
+	cutAt := time.Now()
+	stopped := make(chan time.Duration, 1)
+	go func() {
+		<-pa.Context().Done()
+		stopped <- time.Since(cutAt)
+		pa.Done() // A's GET is closed: it lets go (KV is out of reach: the lease lapses)
+	}()
+	var pb buffer.Producer
+	waitUntil(t, "B to take the stream over", 20*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		if p, err := gb.TakeProducer(ctx); err == nil {
+			pb = p
+		}
+		return pb != nil
+	})
+	tookAfter := time.Since(cutAt)
+	link.mend()
+	defer pb.Done()
+	var stoppedAfter time.Duration
+	select {
+	case stoppedAfter = <-stopped:
+	default:
+		t.Fatal("B took the stream over while A's producer runs")
+	}
+	t.Logf("A stopped %v after the cut, B took over %v after it", stoppedAfter, tookAfter)
+	if stoppedAfter >= 3*time.Second || stoppedAfter == 0 {
+		t.Fatalf("A stopped %v after the cut, want before the lease TTL (3s)", stoppedAfter)
+	}
+	if tookAfter <= stoppedAfter {
+		t.Fatalf("B took over %v after the cut, before A stopped (%v)", tookAfter, stoppedAfter)
+	}
+}
