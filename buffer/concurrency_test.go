@@ -87,19 +87,21 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 	type target struct {
 		name string
 		str  buffer.Stream
+		prod buffer.Producer // the standalone stream's: an upstream GET feeds it
 	}
 	var targets []target
 	for i := 0; i < sessions; i++ {
 		s := storetest.MustSession(t, st, fmt.Sprintf("s%d", i))
 		for j := 0; j < perSession; j++ {
 			var str buffer.Stream
+			var prod buffer.Producer
 			if j == 0 {
 				str = s.Standalone()
-				str.ClaimProducer() // an upstream GET feeds it, so caught-up readers wait
+				prod = storetest.MustProduce(t, str) // so caught-up readers wait
 			} else {
 				str = storetest.MustStream(t, s)
 			}
-			targets = append(targets, target{fmt.Sprintf("s%d/%d", i, str.Num()), str})
+			targets = append(targets, target{fmt.Sprintf("s%d/%d", i, str.Num()), str, prod})
 		}
 	}
 
@@ -173,8 +175,8 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 			defer wg.Done()
 			producers.Wait()
 			tg.str.Complete()
-			if tg.str.Kind() == policy.StandaloneStream {
-				tg.str.ReleaseProducer() // its caught-up readers end
+			if tg.prod != nil {
+				tg.prod.Done() // its caught-up readers end
 			}
 		}()
 		// Readers join at random positions at random times, read a while,

@@ -46,6 +46,8 @@ type MemoryStore struct {
 	key      []byte
 	counters Counters
 	budget   budget
+	// producers hold the producer roles (producer.go).
+	producers producers
 
 	reserveRounds atomic.Uint64 // decisions taken by blocked appends (tests watch for spinning)
 
@@ -254,6 +256,11 @@ func (st *MemoryStore) Session(id string) (Session, bool) {
 		return nil, false
 	}
 	return s, true
+}
+
+// StandaloneClosed implements Store.
+func (st *MemoryStore) StandaloneClosed(ctx context.Context, id string) error {
+	return st.producers.await(ctx, id)
 }
 
 // Tombstone implements Store.

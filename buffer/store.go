@@ -139,6 +139,11 @@ type Store interface {
 	Admit(o policy.SessionOrigin) bool
 	Session(id string) (Session, bool)
 	Tombstone(id string) (Tombstone, bool)
+	// StandaloneClosed waits, bounded by ctx, until no producer of session
+	// id's standalone stream, of any incarnation, holds its upstream GET
+	// open (on any replica of a shared store): what adopting the session
+	// must know before it opens one.
+	StandaloneClosed(ctx context.Context, id string) error
 	// Delete ends a session: its readers and appenders stop, its events go,
 	// a tombstone remembers it.
 	Delete(id string, reason policy.Reason) bool
@@ -213,10 +218,13 @@ type Stream interface {
 	// Attach returns a reader from seq from (FromUndelivered: the first event
 	// no client was sent), taking the stream over from any attached reader.
 	Attach(from uint64) (Reader, error)
-	// ClaimProducer marks an upstream response as feeding this stream; false
-	// if one already does. ReleaseProducer undoes it.
-	ClaimProducer() bool
-	ReleaseProducer()
+	// TakeProducer hands the producer role over to the caller (producer.go):
+	// at once if no producer holds it; once the holder is Done if it was
+	// asked to stop (its session ended, its runtime drains, its lease
+	// lapsed), bounded by ctx; never from a holder that runs
+	// (ErrProducing: relay what it appends). The standalone stream's role
+	// spans the session's incarnations: one upstream GET per session.
+	TakeProducer(ctx context.Context) (Producer, error)
 	// Connected reports whether a client reads the stream now.
 	Connected() bool
 	// UpstreamCursor is the upstream's own last event ID on this stream, as

@@ -55,9 +55,33 @@ func newStream(sess *memSession, num uint32, kind policy.StreamKind, ids []strin
 func (s *memStream) Num() uint32             { return s.num }
 func (s *memStream) Kind() policy.StreamKind { return s.kind }
 
-func (s *memStream) ClaimProducer() bool {
+// TakeProducer implements Stream. The standalone stream's role is its
+// session ID's, so a producer of an ended incarnation (stopping: its
+// session's context ended) is waited for too.
+func (s *memStream) TakeProducer(ctx context.Context) (Producer, error) {
+	if s.sess.ctx.Err() != nil {
+		return nil, ErrSessionGone
+	}
 	s.opened.Store(true)
-	return s.producing.CompareAndSwap(false, true)
+	var key any = s
+	if s.kind == policy.StandaloneStream {
+		key = s.sess.id
+	}
+	p, err := s.sess.store.producers.take(ctx, s.sess.ctx, key, s.producerGone)
+	if err != nil {
+		return nil, err
+	}
+	s.producing.Store(true)
+	return p, nil
+}
+
+// producerGone is the end of a producer: a caught-up standalone reader
+// ends (ErrProducerGone).
+func (s *memStream) producerGone() {
+	s.mu.Lock()
+	s.producing.Store(false)
+	s.wakeLocked()
+	s.mu.Unlock()
 }
 
 func (s *memStream) Connected() bool { return s.attached.Load() }
@@ -71,13 +95,6 @@ func (s *memStream) UpstreamCursor() string {
 func (s *memStream) SetUpstreamCursor(id string) {
 	s.mu.Lock()
 	s.upstream = id
-	s.mu.Unlock()
-}
-
-func (s *memStream) ReleaseProducer() {
-	s.mu.Lock()
-	s.producing.Store(false)
-	s.wakeLocked() // a caught-up standalone reader ends (ErrProducerGone)
 	s.mu.Unlock()
 }
 

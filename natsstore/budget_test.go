@@ -25,7 +25,7 @@ func TestATotalReadingKeepsWhatWasStoredMeanwhile(t *testing.T) {
 		t.Fatal(err)
 	}
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
-	str.ClaimProducer()
+	claim(t, str)
 	stored := func(from, to uint64) {
 		appendEvents(t, str, from, to)
 		if head := str.(*stream).WaitStored(); head != to {
@@ -72,7 +72,7 @@ func TestPipelineWaitsAreNotStalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
-	str.ClaimProducer()
+	claim(t, str)
 	fields := []byte("data: " + strings.Repeat("f", 500) + "\n")
 	for i := 0; i < 5000; i++ {
 		if _, err := str.Append(context.Background(), fields, nil); err != nil {
@@ -91,7 +91,7 @@ func TestPipelineWaitsAreNotStalls(t *testing.T) {
 	lim.MaxStreamBytes, lim.StallTimeout = 8<<10, 200*time.Millisecond
 	st.SetLimits(lim)
 	full, _ := s.NewStream([]string{"2"}, [32]byte{2})
-	full.ClaimProducer()
+	claim(t, full)
 	var failed error
 	for i := 0; i < 100 && failed == nil; i++ {
 		_, failed = full.Append(context.Background(), fields, nil)
@@ -120,7 +120,7 @@ func TestABatchIsNeverCountedTwice(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		str.ClaimProducer()
+		claim(t, str)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -184,7 +184,7 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
-	str.ClaimProducer()
+	claim(t, str)
 	appendEvents(t, str, 1, 200)
 	str.(*stream).WaitStored()
 	// The zone has been busy: the events stream's sequence is well along.
@@ -221,7 +221,7 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	str2, _ := s2.NewStream([]string{"1"}, [32]byte{2})
-	str2.ClaimProducer()
+	claim(t, str2)
 	appendEvents(t, str2, 1, 20)
 	str2.(*stream).WaitStored()
 	info, err := a.events.Info(ctx)

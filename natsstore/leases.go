@@ -21,6 +21,10 @@ type heldLease struct {
 	val  []byte
 	lost func()      // another replica holds it now
 	keep func() bool // a lease that lapsed is taken again while this holds
+	// fence, if set, stops the producer when the lease went unrenewed for
+	// fenceAfter: before it can lapse (producer.go).
+	fence   *time.Timer
+	renewed time.Time // when the last successful write of the lease was sent
 }
 
 // heldLeases are this replica's producer leases.
@@ -31,7 +35,8 @@ type heldLeases struct {
 
 // acquire takes the producer lease of a stream; false if another holds it.
 func (st *Store) acquire(key string, lost func()) (bool, error) {
-	rec := &leaseRecord{Replica: st.opts.ReplicaID, Since: time.Now().UnixNano()}
+	sent := time.Now() // the lease's TTL runs from no earlier than this
+	rec := &leaseRecord{Replica: st.opts.ReplicaID, Since: sent.UnixNano()}
 	ctx, cancel := context.WithTimeout(st.ctx, 10*time.Second)
 	defer cancel()
 	rev, err := st.leases.create(ctx, key, rec, jetstream.KeyTTL(st.opts.LeaseTTL))
@@ -44,9 +49,19 @@ func (st *Store) acquire(key string, lost func()) (bool, error) {
 	}
 	b, _ := json.Marshal(rec)
 	st.held.mu.Lock()
-	st.held.m[key] = &heldLease{key: key, rev: rev, val: b, lost: lost}
+	st.held.m[key] = &heldLease{key: key, rev: rev, val: b, lost: lost, renewed: sent}
 	st.held.mu.Unlock()
 	return true, nil
+}
+
+// fence makes the held lease of key stop its producer (stop) once it went
+// unrenewed for fenceAfter since it was last written.
+func (st *Store) fence(key string, stop func()) {
+	st.held.mu.Lock()
+	defer st.held.mu.Unlock()
+	if h := st.held.m[key]; h != nil && h.fence == nil {
+		h.fence = time.AfterFunc(st.fenceAfter()-time.Since(h.renewed), stop)
+	}
 }
 
 // leased reports whether any replica holds the lease of key, confirmed in
@@ -82,6 +97,9 @@ func (st *Store) release(key string) {
 	st.held.mu.Lock()
 	h := st.held.m[key]
 	delete(st.held.m, key)
+	if h != nil && h.fence != nil {
+		h.fence.Stop()
+	}
 	st.held.mu.Unlock()
 	if h == nil {
 		return
@@ -125,6 +143,7 @@ func (st *Store) renewLoop() {
 		}
 		st.held.mu.Unlock()
 		for _, h := range list {
+			sent := time.Now()
 			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
 			st.held.mu.Lock()
 			keep := h.keep
@@ -133,7 +152,10 @@ func (st *Store) renewLoop() {
 			case err == nil:
 				st.held.mu.Lock()
 				if st.held.m[h.key] == h {
-					h.rev = rev
+					h.rev, h.renewed = rev, sent
+					if h.fence != nil {
+						h.fence.Reset(st.fenceAfter() - time.Since(sent))
+					}
 				}
 				st.held.mu.Unlock()
 				var rec leaseRecord
@@ -149,6 +171,9 @@ func (st *Store) renewLoop() {
 				mine := st.held.m[h.key] == h
 				if mine {
 					delete(st.held.m, h.key)
+					if h.fence != nil {
+						h.fence.Stop()
+					}
 				}
 				st.held.mu.Unlock()
 				if mine && h.lost != nil {

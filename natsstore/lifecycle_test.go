@@ -28,10 +28,10 @@ func TestRestartKeepsTheZone(t *testing.T) {
 	appendEvents(t, str, 1, 5)
 	str.Complete()
 	g := s.Standalone()
-	g.ClaimProducer()
+	p := claim(t, g)
 	appendEvents(t, g, 1, 2)
 	g.SetUpstreamCursor("up-2")
-	g.ReleaseProducer()
+	p.Done()
 	gone, _ := st.CreateSession("gone", buffer.SessionMeta{})
 	gone.NewStream([]string{"1"}, [32]byte{1})
 	st.Delete("gone", policy.ReasonPurged)
@@ -64,7 +64,8 @@ func TestRestartKeepsTheZone(t *testing.T) {
 	if g2.UpstreamCursor() != "up-2" || g2.View().Head != 2 {
 		t.Fatalf("standalone after restart: %q %+v", g2.UpstreamCursor(), g2.View())
 	}
-	if !g2.ClaimProducer() {
+	p2 := tryClaim(g2)
+	if p2 == nil {
 		t.Fatal("the standalone stream's lease outlived the restart")
 	}
 	appendEvents(t, g2, 3, 4)
@@ -75,7 +76,7 @@ func TestRestartKeepsTheZone(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkRun(t, seqs, 1, 4)
-	g2.ReleaseProducer()
+	p2.Done()
 }
 
 // A producer that disappears (its replica killed) leaves its request
@@ -86,9 +87,7 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 	a, b := replicas(t, func(o *Options) { o.LeaseTTL = time.Second })
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1", `"two"`}, [32]byte{1})
-	if !str.ClaimProducer() {
-		t.Fatal("ClaimProducer")
-	}
+	claim(t, str)
 	appendEvents(t, str, 1, 3)
 	if _, err := str.Append(context.Background(), []byte("data: event 4\n"), []string{"1"}); err != nil {
 		t.Fatal(err)
@@ -146,12 +145,10 @@ func TestCloseReleases(t *testing.T) {
 	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	g := sa.Standalone()
-	if !g.ClaimProducer() {
-		t.Fatal("ClaimProducer")
-	}
+	claim(t, g)
 	appendEvents(t, g, 1, 2)
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
-	str.ClaimProducer()
+	claim(t, str)
 	appendEvents(t, str, 1, 2)
 	r, _ := str.Attach(1)
 	if _, err := readSeqs(t, r, sa.Epoch(), 1, 1, 2); err != nil {
@@ -171,10 +168,11 @@ func TestCloseReleases(t *testing.T) {
 	if !ok {
 		t.Fatal("the session went with A")
 	}
-	if !sb.Standalone().ClaimProducer() {
+	pb := tryClaim(sb.Standalone())
+	if pb == nil {
 		t.Fatal("A's standalone lease outlived its Close")
 	}
-	sb.Standalone().ReleaseProducer()
+	pb.Done()
 	stB, _ := sb.Stream(1)
 	waitUntil(t, "the records to settle", 10*time.Second, func() bool {
 		v := stB.View() // 1..2, then the gap event and the error for request 1

@@ -56,6 +56,7 @@ type Store struct {
 	mu      sync.Mutex
 	handles map[string]*session // this replica's session handles, by session token
 	byKey   sync.Map            // stream key -> *stream: where mirror changes are told
+	local   localProducers      // this replica's producer roles (producer.go)
 
 	freed    signal // a floor moved or limits changed: blocked appends decide again
 	total    totalBytes

@@ -35,11 +35,11 @@ func TestALeaseThatLapsedDuringAnOutageIsSeenGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	str.ClaimProducer()
+	p := claim(t, str)
 
 	link.cut()
 	str.Fail(policy.ReasonUpstreamFailed) // cannot reach NATS
-	str.ReleaseProducer()
+	p.Done()
 	time.Sleep(2*time.Second + 5*time.Second + time.Second) // the lease lapses, its marker goes
 	link.mend()
 
@@ -92,7 +92,7 @@ func TestAReadIsNotHeldByALeaseCheckWhileCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	gb := sb.Standalone()
-	if !gb.ClaimProducer() {
+	if tryClaim(gb) == nil {
 		t.Fatal("no lease")
 	}
 	appendEvents(t, gb, 1, 3)
@@ -142,7 +142,7 @@ func TestALeaseTakenAgainGoesWithItsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	str.ClaimProducer()
+	p := claim(t, str)
 	key := str.(*stream).key
 	link.cut()
 	go str.Append(context.Background(), []byte("data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"), []string{"1"})
@@ -155,7 +155,7 @@ func TestALeaseTakenAgainGoesWithItsStream(t *testing.T) {
 	time.Sleep(3 * time.Second) // A reconnects, renews (reacquires), its publish conflicts
 	t.Logf("after mend: A holds %v, KV leased %v", a.holds(key), b.leased(context.Background(), key))
 	str.Complete()
-	str.ReleaseProducer()
+	p.Done()
 	time.Sleep(4 * time.Second) // two TTLs
 	holds, leased := a.holds(key), b.leased(context.Background(), key)
 	t.Logf("after the producer let go: A holds %v, KV leased %v, state %v", holds, leased, str.View().State)
@@ -229,4 +229,58 @@ func (c *cutter) mend() {
 	c.mu.Lock()
 	c.down = false
 	c.mu.Unlock()
+}
+
+// The standalone stream's producer on A, cut off from NATS: A cannot renew
+// its lease, so it stops its producer (its upstream GET closes) at 2/3 of
+// the lease TTL, before the lease can lapse; B takes the stream over only
+// after that, and only once the lease lapsed.
+func TestAStandaloneProducerCutOffStopsBeforeItsLeaseLapses(t *testing.T) {
+	ns := testnet.NATS(t)
+	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	mod := func(o *Options) { o.LeaseTTL = 3 * time.Second }
+	a := openAt(t, []string{"nats://" + link.addr()}, mod)
+	b := openAt(t, []string{ns.ClientURL()}, mod)
+	sa, err := a.CreateSession("fenced", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa := claim(t, sa.Standalone())
+	gb := sessionOn(t, b, "fenced").Standalone()
+	if _, err := gb.TakeProducer(t.Context()); !errors.Is(err, buffer.ErrProducing) {
+		t.Fatalf("B's TakeProducer while A produces: %v, want ErrProducing", err)
+	}
+	link.cut()
+	cutAt := time.Now()
+	stopped := make(chan time.Duration, 1)
+	go func() {
+		<-pa.Context().Done()
+		stopped <- time.Since(cutAt)
+		pa.Done() // A's GET is closed: it lets go (KV is out of reach: the lease lapses)
+	}()
+	var pb buffer.Producer
+	waitUntil(t, "B to take the stream over", 20*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		if p, err := gb.TakeProducer(ctx); err == nil {
+			pb = p
+		}
+		return pb != nil
+	})
+	tookAfter := time.Since(cutAt)
+	link.mend()
+	defer pb.Done()
+	var stoppedAfter time.Duration
+	select {
+	case stoppedAfter = <-stopped:
+	default:
+		t.Fatal("B took the stream over while A's producer runs")
+	}
+	t.Logf("A stopped %v after the cut, B took over %v after it", stoppedAfter, tookAfter)
+	if stoppedAfter >= 3*time.Second || stoppedAfter == 0 {
+		t.Fatalf("A stopped %v after the cut, want before the lease TTL (3s)", stoppedAfter)
+	}
+	if tookAfter <= stoppedAfter {
+		t.Fatalf("B took over %v after the cut, before A stopped (%v)", tookAfter, stoppedAfter)
+	}
 }

@@ -159,9 +159,7 @@ func TestAProducerDeadMidEventIsFailedAfterItsLastWholeEvent(t *testing.T) {
 	a, b := openAt(t, []string{url}, mod), openAt(t, []string{url}, mod)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
-	if !str.ClaimProducer() {
-		t.Fatal("ClaimProducer")
-	}
+	claim(t, str)
 	appendEvents(t, str, 1, 3)
 	w := str.(*stream).currentWriter()
 	w.waitStored(10 * time.Second)

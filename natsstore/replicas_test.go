@@ -61,6 +61,27 @@ func waitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
 	}
 }
 
+// claim takes the producer role of str.
+func claim(t testing.TB, str buffer.Stream) buffer.Producer {
+	t.Helper()
+	p := tryClaim(str)
+	if p == nil {
+		t.Fatal("no producer role")
+	}
+	return p
+}
+
+// tryClaim takes the producer role of str; nil if another holds it.
+func tryClaim(str buffer.Stream) buffer.Producer {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := str.TakeProducer(ctx)
+	if err != nil {
+		return nil
+	}
+	return p
+}
+
 func appendEvents(t testing.TB, str buffer.Stream, from, to uint64) {
 	t.Helper()
 	for seq := from; seq <= to; seq++ {
@@ -254,9 +275,10 @@ func TestStandaloneProducerMoves(t *testing.T) {
 	ga, gb := sa.Standalone(), sb.Standalone()
 	produce := func(g buffer.Stream, from, to uint64) {
 		t.Helper()
-		waitUntil(t, "the producer lease", 10*time.Second, g.ClaimProducer)
+		var p buffer.Producer
+		waitUntil(t, "the producer lease", 10*time.Second, func() bool { p = tryClaim(g); return p != nil })
 		appendEvents(t, g, from, to)
-		g.ReleaseProducer()
+		p.Done()
 	}
 	produce(ga, 1, 3)
 	produce(gb, 4, 6)

@@ -318,6 +318,11 @@ func (st *Store) clearIncarnation(ctx context.Context, inc string, keys []string
 		}
 	}
 	for _, key := range st.leases.keysOf(inc) {
+		if isStandaloneKey(key) {
+			// Its holder releases it once its GET is closed (producer.go):
+			// the next incarnation's producer waits for that.
+			continue
+		}
 		st.release(key) // ours: stop renewing
 		if _, _, held := st.leases.get(key); held {
 			st.leases.remove(ctx, key, 0)

@@ -26,7 +26,7 @@ type stream struct {
 	// changed fires when the record or the lease changed, or the stream
 	// ended here: readers and blocked appends look again.
 	changed   signal
-	producing atomic.Bool // an upstream response here feeds it (ClaimProducer)
+	producing atomic.Bool // an upstream response here feeds it (TakeProducer)
 	stalled   atomic.Bool
 
 	mu      sync.Mutex
@@ -225,30 +225,6 @@ func (s *stream) Fail(reason policy.Reason, signals ...buffer.Signal) {
 	}
 }
 
-// ClaimProducer implements buffer.Stream. The standalone stream's producer
-// is whichever replica holds its lease; a request stream's is the replica
-// that opened it, which holds its lease until it ends.
-func (s *stream) ClaimProducer() bool {
-	st := s.sess.st
-	if s.sess.gone() {
-		return false
-	}
-	s.markOpened()
-	if s.kind == policy.RequestStream {
-		return st.holds(s.key) && s.producing.CompareAndSwap(false, true)
-	}
-	if !s.producing.CompareAndSwap(false, true) {
-		return false
-	}
-	ok, _ := st.acquire(s.key, func() { s.producing.Store(false); s.changed.fire() })
-	if !ok {
-		s.producing.Store(false)
-		return false
-	}
-	s.dropIdleWriter() // another replica may have produced it since: start from what is stored
-	return true
-}
-
 // dropIdleWriter forgets the writer if it holds nothing unstored, so the
 // next append learns the stream's head afresh.
 func (s *stream) dropIdleWriter() {
@@ -259,22 +235,6 @@ func (s *stream) dropIdleWriter() {
 	if s.w != nil && s.w.idle() {
 		s.w = nil
 	}
-}
-
-// ReleaseProducer implements buffer.Stream. The standalone stream's lease
-// goes once what the producer appended is stored, so a reader that sees
-// the lease gone and the subject read to its end has everything.
-func (s *stream) ReleaseProducer() {
-	if !s.producing.Swap(false) {
-		return
-	}
-	if s.kind == policy.StandaloneStream {
-		if w := s.currentWriter(); w != nil {
-			w.waitStored(s.sess.st.endTimeout())
-		}
-		s.sess.st.release(s.key)
-	}
-	s.changed.fire()
 }
 
 // markOpened records that a client or producer used the stream (the

@@ -18,9 +18,7 @@ func TestUpstreamCursorSurvivesACrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	str := sa.Standalone().(*stream)
-	if !str.ClaimProducer() {
-		t.Fatal("no producer role")
-	}
+	claim(t, str)
 	for i, id := range []string{"u1", "", "u3"} {
 		if id != "" {
 			str.NextUpstream(id)

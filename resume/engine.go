@@ -29,7 +29,9 @@
 //	follow.go       asking the upstream again when it ends a stream early
 //	relay.go        all a client is written: headers, preambles, the relay
 //	resume.go       GETs: Last-Event-ID and the resume decision's outcomes
-//	standalone.go   the standalone GET stream and its upstream GET
+//	standalone.go   the standalone GET stream, its upstream GET (opened only
+//	                once the previous one is closed: the producer handover),
+//	                and one adoption of a session at a time
 //	delete.go       DELETE
 //	signals.go      the gap events and errors a failing stream's log gets
 //	refusals.go     every answer the proxy writes itself, in one table

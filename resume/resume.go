@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -184,7 +185,8 @@ func (h *Engine) serveStream(w http.ResponseWriter, r *http.Request, next Next, 
 // still knows the session (it answers a GET with a stream), the proxy takes
 // it over: a gap event tells the client what was lost, then the session's
 // standalone stream follows live. Otherwise the upstream's answer (typically
-// 404: re-initialize) goes to the client.
+// 404: re-initialize) goes to the client, and nothing is held: a session is
+// bound only to credentials the upstream accepted for it.
 func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, sid, lastID string, reason policy.Reason) error {
 	if h.identityMissing(r) {
 		h.logger.Warn("session not adopted: its bind placeholders are empty for this request; passed through",
@@ -195,10 +197,30 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 	if version == "" {
 		version = defaultVersion
 	}
+	// One adoption of a session runs at a time here, until the upstream
+	// answered it; the upstream GET of an ended incarnation of the session
+	// (here or on another replica) is closed before the adopting one opens.
+	ctx, cancel := context.WithTimeout(r.Context(), handoverTimeout)
+	defer cancel()
+	unlock, err := h.rt.adoptions.lock(ctx, sid)
+	if err != nil {
+		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
+	}
+	unlock = sync.OnceFunc(unlock)
+	defer unlock()
+	if s, ok := h.rt.store.Session(sid); ok { // adopted meanwhile
+		unlock()
+		return h.serveAdopted(w, r, next, s, lastID, reason)
+	}
+	if err := h.rt.store.StandaloneClosed(ctx, sid); err != nil {
+		h.logger.Warn("session not adopted: its previous upstream GET did not close in time",
+			zap.String("session", sid), zap.Error(err))
+		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
+	}
 	t := h.newTap(r, next, nil, version)
 	defer t.close()
 	defer context.AfterFunc(h.rt.drainCtx, t.cancel)()
-	var existing buffer.Session // adopted meanwhile by another request
+	var existing buffer.Session // adopted meanwhile on another replica, or by a call
 	var attachErr error         // adopted, but this client could not be attached
 	start := func(http.Header) bool {
 		s, err := h.rt.store.CreateSession(sid, h.sessionMeta(r, version, policy.Resumed))
@@ -213,9 +235,14 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 		}
 		t.tie(s)
 		stream := s.Standalone()
-		stream.ClaimProducer()
-		t.stream = stream
-		rd, err := stream.Attach(1)
+		p, err := stream.TakeProducer(t.ctx) // the session is new: no other producer
+		if err == nil {
+			t.produce(stream, p)
+		}
+		var rd buffer.Reader
+		if err == nil {
+			rd, err = stream.Attach(1)
+		}
 		if err != nil {
 			// The session is adopted; this upstream GET is closed before
 			// a byte of it is read (so nothing taken is lost) and the
@@ -224,30 +251,41 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 			t.cancel()
 			return true
 		}
-		moved := eventid.Append(nil, s.Epoch(), stream.Num(), 0)
-		pre := gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true)
-		gaps.WithLabelValues(string(reason)).Inc()
-		h.logger.Warn("session adopted after a resume the proxy could not answer: gap signalled",
-			zap.String("session", sid), zap.String("last_event_id", truncate(lastID, 80)), zap.String("reason", string(reason)))
-		t.startRelay(w, rd, pre, 0)
+		t.startRelay(w, rd, h.adoptionGap(s, lastID, reason), 0)
 		return true
 	}
-	res := t.attemptStandalone(r, w, start, func() bool { return existing != nil })
+	res := t.openStandalone(r, w, start)
+	unlock() // the upstream answered: the session is adopted, or not to be
 	switch {
 	case attachErr != nil:
 		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
 	case existing != nil:
-		s := existing
-		rd, err := s.Standalone().Attach(1)
-		if err != nil {
-			return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
-		}
-		moved := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 0)
-		return h.relayTo(w, r, s, s.Standalone(), rd,
-			gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true), 0)
+		h.rt.closedGETs.closed(sid) // this GET, dropped: the upstream notices a moment later
+		return h.serveAdopted(w, r, next, existing, lastID, reason)
 	case !res.tapped:
 		return res.proxied // the upstream's answer went to the client
 	}
 	t.followStandalone(res)
 	return nil
+}
+
+// serveAdopted serves the standalone stream of a session adopted by
+// another request, to an adopting client: the gap, then the stream.
+func (h *Engine) serveAdopted(w http.ResponseWriter, r *http.Request, next Next, s buffer.Session, lastID string, reason policy.Reason) error {
+	rd, err := s.Standalone().Attach(1)
+	if err != nil {
+		return h.refuse(w, refuseStandalone, to{sid: s.ID(), lastID: lastID})
+	}
+	return h.serveStandalone(w, r, next, s, rd, h.adoptionGap(s, lastID, reason), 0)
+}
+
+// adoptionGap is the preamble of an adopted session's standalone stream:
+// the client's cursor moves to the stream's start, and it is told that
+// what came before is lost.
+func (h *Engine) adoptionGap(s buffer.Session, lastID string, reason policy.Reason) []byte {
+	moved := eventid.Append(nil, s.Epoch(), policy.StandaloneNum, 0)
+	gaps.WithLabelValues(string(reason)).Inc()
+	h.logger.Warn("session adopted after a resume the proxy could not answer: gap signalled",
+		zap.String("session", s.ID()), zap.String("last_event_id", truncate(lastID, 80)), zap.String("reason", string(reason)))
+	return gapPreamble(moved, gapInfo{LastEventID: lastID, ResumeFrom: string(moved), Lost: -1, Reason: reason}, nil, true)
 }

@@ -35,6 +35,10 @@ type Runtime struct {
 	drained  context.CancelFunc
 	reads    atomic.Int64   // calls whose upstream response is being read
 	taps     sync.WaitGroup // every upstream tap, until it has closed
+	// adoptions serialise the adoptions of each session; closedGETs
+	// remember the standalone GETs this runtime closed (standalone.go).
+	adoptions  adoptions
+	closedGETs closedGETs
 }
 
 // NewRuntime returns a runtime on st, or, with st nil, one whose store

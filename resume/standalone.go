@@ -2,9 +2,12 @@ package resume
 
 import (
 	"context"
-	"maps"
+	"errors"
 	"net/http"
+	"sync"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 )
@@ -19,7 +22,8 @@ import (
 // that has something to send (a replay, a gap) is answered at once, and the
 // upstream's answer only decides what follows. A GET with nothing to send
 // waits for the upstream's answer, so a refusal (404: re-initialize; 405:
-// no GET stream here) reaches the client as plain reverse_proxy would pass it.
+// no GET stream here; 409: the upstream's own) reaches the client as plain
+// reverse_proxy would pass it.
 func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Next,
 	sess buffer.Session, rd buffer.Reader, pre []byte, replayUpTo uint64) error {
 	stream := sess.Standalone()
@@ -31,11 +35,25 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 		}
 		pre = priming(sess.Meta().Version, sess.Epoch(), stream.Num(), rd.Next())
 	}
-	if !stream.ClaimProducer() {
-		return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo) // an upstream GET feeds it already
+	// The previous upstream GET of the session (this replica's, closing,
+	// or another's whose lease went) is closed before this one opens, so
+	// the upstream's answer, a 409 too, is for the client.
+	ctx, cancel := context.WithTimeout(r.Context(), handoverTimeout)
+	p, err := stream.TakeProducer(ctx)
+	cancel()
+	switch {
+	case errors.Is(err, buffer.ErrProducing), errors.Is(err, buffer.ErrSessionGone):
+		// An upstream GET feeds it already (the relay follows it), or the
+		// session ended meanwhile (the relay tells the client).
+		return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
+	case err != nil:
+		rd.Close()
+		h.logger.Warn("standalone stream refused: its previous upstream GET did not close in time",
+			zap.String("session", sess.ID()), zap.Error(err))
+		return h.refuse(w, refuseStandalone, to{sid: sess.ID()})
 	}
 	t := h.newTap(r, next, sess, sess.Meta().Version)
-	t.stream = stream
+	t.produce(stream, p)
 	defer t.close()
 	defer context.AfterFunc(h.rt.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
 	t.lastID = stream.UpstreamCursor()
@@ -50,7 +68,7 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 		t.startRelay(w, rd, pre, replayUpTo)
 		out, start = discard(), func(http.Header) bool { return true }
 	}
-	res := t.attemptStandalone(r, out, start, func() bool { return false })
+	res := t.openStandalone(r, out, start)
 	if !res.tapped && !answerNow {
 		rd.Close() // the upstream's answer went to the client (a 404 ended the session)
 		return res.proxied
@@ -58,6 +76,74 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 	t.followStandalone(res)
 	return nil
 }
+
+// openStandalone sends the upstream GET of the standalone stream; its
+// answer goes to out (start at a stream). The previous GET of the session
+// is closed by now, but an upstream notices a closed connection a moment
+// later (1 to 40 ms measured, on a loaded machine, for the Go SDK server,
+// which answers 409 meanwhile). So a 409 within noticeGrace of this
+// runtime's own close of the session's previous GET is asked again after
+// a pause; any other 409 is the upstream's answer, for the client.
+func (t *upstreamTap) openStandalone(r *http.Request, out http.ResponseWriter, start func(http.Header) bool) attemptResult {
+	sid := r.Header.Get(hdrSessionID)
+	noticed := t.h.rt.closedGETs.closedAt(sid).Add(noticeGrace)
+	defer func() { t.dropConflict = nil }()
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
+		if time.Until(noticed) > pause {
+			t.dropConflict = func() bool { return time.Until(noticed) > pause }
+		} else {
+			t.dropConflict = nil
+		}
+		res := t.attempt(t.standaloneRequest(r), out, start, false)
+		if !res.dropped {
+			return res
+		}
+		t.h.logger.Debug("upstream answered 409 right after the proxy closed the session's previous GET: asked again",
+			zap.String("session", sid))
+		if !t.sleep(pause) {
+			return res
+		}
+	}
+}
+
+// noticeGrace bounds how long after the proxy closed a session's
+// standalone GET the upstream may still take it for open.
+const noticeGrace = time.Second
+
+// closedGETs remember when this runtime last closed each session's
+// standalone GET itself (not the upstream ending it), for noticeGrace.
+type closedGETs struct {
+	mu sync.Mutex
+	m  map[string]time.Time
+}
+
+func (c *closedGETs) closed(sid string) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, at := range c.m {
+		if now.Sub(at) > noticeGrace {
+			delete(c.m, id)
+		}
+	}
+	if c.m == nil {
+		c.m = make(map[string]time.Time)
+	}
+	c.m[sid] = now
+}
+
+// closedAt is when sid's standalone GET was last closed here (zero if not
+// within noticeGrace).
+func (c *closedGETs) closedAt(sid string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[sid]
+}
+
+// handoverTimeout bounds the wait for the previous producer of a stream
+// to close its upstream response: a few milliseconds on this replica; up
+// to lease_ttl for one on a replica that died.
+const handoverTimeout = 20 * time.Second
 
 // standaloneRequest is the GET that opens the upstream's standalone stream:
 // the client's headers, and the upstream's own Last-Event-ID if an earlier
@@ -71,76 +157,39 @@ func (t *upstreamTap) standaloneRequest(r *http.Request) *http.Request {
 	return req
 }
 
-// attemptStandalone opens the upstream's standalone GET, asking again
-// (up to conflictAttempts, 200 ms apart) while the upstream answers 409: it
-// still holds another GET of the session for a moment (the proxy's own,
-// closing as the session ended here, or another replica's that lost its
-// producer lease), and the client must not get that 409. taken reports
-// that the stream has another producer now: no retry. Any other answer
-// goes to out as it comes.
-func (t *upstreamTap) attemptStandalone(r *http.Request, out http.ResponseWriter, start func(http.Header) bool, taken func() bool) attemptResult {
-	for attempt := 1; ; attempt++ {
-		if attempt == conflictAttempts {
-			return t.attempt(t.standaloneRequest(r), out, start, false)
+// adoptions serialise the adoptions of a session on this replica: the
+// second finds the session the first adopted and relays its stream,
+// instead of opening a second upstream GET.
+type adoptions struct {
+	mu sync.Mutex
+	m  map[string]chan struct{} // closed when the session's adoption ends
+}
+
+// lock waits for the adoption of sid running here, if any (bounded by
+// ctx), and starts this one; unlock ends it.
+func (a *adoptions) lock(ctx context.Context, sid string) (unlock func(), err error) {
+	for {
+		a.mu.Lock()
+		running := a.m[sid]
+		if running == nil {
+			if a.m == nil {
+				a.m = make(map[string]chan struct{})
+			}
+			mine := make(chan struct{})
+			a.m[sid] = mine
+			a.mu.Unlock()
+			return func() {
+				a.mu.Lock()
+				delete(a.m, sid)
+				a.mu.Unlock()
+				close(mine)
+			}, nil
 		}
-		res := t.attempt(t.standaloneRequest(r), &unlessConflict{out: out, header: http.Header{}}, start, false)
-		if res.tapped || taken() || res.status != http.StatusConflict {
-			return res
+		a.mu.Unlock()
+		select {
+		case <-running:
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		if !t.sleep(200 * time.Millisecond) {
-			return res
-		}
 	}
 }
-
-// unlessConflict passes a response through to out unless it is a 409,
-// which it drops (the GET is asked again).
-type unlessConflict struct {
-	out             http.ResponseWriter
-	header          http.Header
-	wrote, conflict bool
-}
-
-func (u *unlessConflict) Header() http.Header { return u.header }
-
-func (u *unlessConflict) WriteHeader(status int) {
-	if u.wrote {
-		return
-	}
-	if status < http.StatusOK {
-		// Informational (103 Early Hints): on to the client with its own
-		// headers only, as reverse_proxy sends it; the answer is to come.
-		h := u.out.Header()
-		own := h.Clone()
-		maps.Copy(h, u.header)
-		u.out.WriteHeader(status)
-		clear(h)
-		maps.Copy(h, own)
-		return
-	}
-	u.wrote = true
-	if u.conflict = status == http.StatusConflict; u.conflict {
-		return
-	}
-	for k, v := range u.header {
-		u.out.Header()[k] = v
-	}
-	u.out.WriteHeader(status)
-}
-
-func (u *unlessConflict) Write(p []byte) (int, error) {
-	u.WriteHeader(http.StatusOK) // if not written yet
-	if u.conflict {
-		return len(p), nil
-	}
-	return u.out.Write(p)
-}
-
-func (u *unlessConflict) Flush() {
-	if !u.conflict {
-		http.NewResponseController(u.out).Flush()
-	}
-}
-
-// conflictAttempts bounds the upstream GETs of attemptStandalone.
-const conflictAttempts = 5

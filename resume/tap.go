@@ -6,6 +6,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"io"
+	"maps"
 	"net/http"
 	"time"
 
@@ -49,6 +50,7 @@ type upstreamTap struct {
 
 	sess    buffer.Session
 	stream  buffer.Stream
+	prod    buffer.Producer // the tap's role on stream: Done once its upstream response is closed
 	version string
 
 	// The upstream's own cursor on this stream, never shown to clients.
@@ -78,6 +80,9 @@ type upstreamTap struct {
 	// upstream's IDs, so a reconnect asks for what follows, not for them again.
 	resumable bool
 	failure   error // why the current attempt's appends stopped
+	// dropConflict, if set, says whether an upstream 409 to the current
+	// attempt is dropped (asked again) instead of passed on.
+	dropConflict func() bool
 
 	relayDone chan struct{}
 }
@@ -110,13 +115,28 @@ func (t *upstreamTap) tie(sess buffer.Session) {
 	t.unlink = context.AfterFunc(sess.Context(), t.cancel)
 }
 
+// produce makes the tap stream's producer with role p: the tap stops when
+// the role must (another replica holds the lease now), and a tap that
+// stops for its own reasons (its session's end, a drain) shows its role
+// as stopping, so a taker waits for it instead of relaying.
+func (t *upstreamTap) produce(stream buffer.Stream, p buffer.Producer) {
+	t.stream, t.prod = stream, p
+	context.AfterFunc(p.Context(), t.cancel)
+	context.AfterFunc(t.ctx, p.Stop)
+}
+
 // close releases what the tap holds, then waits for the first response's
-// relay: releasing the producer role is what ends a caught-up relay of the
-// standalone stream (its client reconnects, which opens a new upstream GET).
+// relay. Its upstream response is closed by now (attempt returned), so
+// the role goes: that is what ends a caught-up relay of the standalone
+// stream (its client reconnects, which opens a new upstream GET) and what
+// a successor waits for.
 func (t *upstreamTap) close() {
-	if t.stream != nil {
+	if t.prod != nil {
 		t.stream.SetUpstreamCursor(t.storedCursor()) // before the role goes: the next producer resumes from it
-		t.stream.ReleaseProducer()
+		if t.stream.Kind() == policy.StandaloneStream && t.ctx.Err() != nil {
+			t.h.rt.closedGETs.closed(t.sess.ID()) // by the proxy: the upstream notices a moment later
+		}
+		t.prod.Done()
 	}
 	if t.relayDone != nil {
 		<-t.relayDone
@@ -131,6 +151,7 @@ func (t *upstreamTap) close() {
 // attemptResult is what one upstream request of the tap came to.
 type attemptResult struct {
 	status  int           // the upstream's status, 0 if none came
+	dropped bool          // a 409 dropConflict held back from the client
 	tapped  bool          // a 200 text/event-stream fed the stream
 	broken  bool          // the response ended abnormally (connection error, abort)
 	proxied error         // what the next handler returned (e.g. 502: the upstream is unreachable)
@@ -150,13 +171,16 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 	t.conn++
 	t.resumed = req.Header.Get(hdrLastEventID) != ""
 	tw := &tapWriter{writerWrapper: &writerWrapper{ResponseWriter: out}, t: t, start: start}
+	if t.dropConflict != nil {
+		tw.header = http.Header{} // the answer's headers reach out only if it is passed on
+	}
 	stopped := false
 	if stopWhenAnswered {
 		tw.answered = func() { stopped = true; cancel() }
 	}
 	began := time.Now()
 	defer func() {
-		res.status, res.tapped, res.lasted = tw.status, tw.tapping, time.Since(began)
+		res.status, res.tapped, res.dropped, res.lasted = tw.status, tw.tapping, tw.dropped, time.Since(began)
 		p := recover()
 		switch {
 		case stopped:
@@ -435,8 +459,10 @@ func (t *upstreamTap) abandon(err error) {
 	if !errors.Is(err, buffer.ErrSessionGone) {
 		t.fail(policy.ReasonUpstreamFailed)
 	}
-	t.stream.ReleaseProducer()
-	t.stream = nil
+	if t.prod != nil {
+		t.prod.Done()
+	}
+	t.stream, t.prod = nil, nil
 }
 
 // fail ends the stream loudly: its log gets the gap event and the errors
@@ -464,12 +490,34 @@ type tapWriter struct {
 	answered func()                 // if set, called once every request is answered: stop reading
 	status   int
 	tapping  bool
+	// header, with the tap's dropConflict, holds the upstream's headers
+	// until its status says whether they reach the client; dropped: they
+	// did not (a 409 asked again).
+	header  http.Header
+	dropped bool
+}
+
+func (tw *tapWriter) Header() http.Header {
+	if tw.header != nil {
+		return tw.header
+	}
+	return tw.writerWrapper.Header()
 }
 
 func (tw *tapWriter) WriteHeader(status int) {
 	if status < 200 { // informational (103 Early Hints): pass on
 		if !tw.tapping && tw.status == 0 {
+			if tw.header == nil {
+				tw.writerWrapper.WriteHeader(status)
+				return
+			}
+			// With its own headers only, as reverse_proxy sends it.
+			h := tw.writerWrapper.Header()
+			own := h.Clone()
+			maps.Copy(h, tw.header)
 			tw.writerWrapper.WriteHeader(status)
+			clear(h)
+			maps.Copy(h, own)
 		}
 		return
 	}
@@ -477,6 +525,15 @@ func (tw *tapWriter) WriteHeader(status int) {
 		return
 	}
 	tw.status = status
+	if tw.header != nil {
+		if status == http.StatusConflict && tw.t.dropConflict() {
+			tw.dropped = true
+			tw.writerWrapper.ResponseWriter = discard()
+			return
+		}
+		maps.Copy(tw.writerWrapper.Header(), tw.header)
+		tw.header = nil
+	}
 	if tappable(status, tw.Header()) && tw.start(tw.Header()) {
 		tw.tapping = true
 		return
@@ -577,9 +634,13 @@ func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
 			untapped.WithLabelValues("stream_refused").Inc()
 			return false
 		}
-		stream.ClaimProducer()
 		t.stream, t.pending = stream, append([]string(nil), ids...)
-		rd, err := stream.Attach(1)
+		p, err := stream.TakeProducer(t.ctx) // a new stream: the role is this request's
+		var rd buffer.Reader
+		if err == nil {
+			t.produce(stream, p)
+			rd, err = stream.Attach(1)
+		}
 		if err != nil {
 			// The upstream runs the call now: its answer goes to the
 			// client as it comes, never nowhere. A repeat of the request

@@ -627,8 +627,10 @@ func TestTapPassesThroughWhenAttachFails(t *testing.T) {
 	if !ok || str.View().State != policy.Failed {
 		t.Fatalf("the stream is %+v, not failed", str.View())
 	}
-	if !str.ClaimProducer() {
-		t.Fatal("the producer role was kept")
+	if p, err := str.TakeProducer(t.Context()); err != nil {
+		t.Fatalf("the producer role was kept: %v", err)
+	} else {
+		p.Done()
 	}
 }
 
@@ -754,8 +756,10 @@ func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
 				if v := sess.Standalone().View(); v.Head != 0 || v.State != policy.Live {
 					t.Fatalf("the adopted standalone stream: head %d, %v; want nothing taken, live", v.Head, v.State)
 				}
-				if !sess.Standalone().ClaimProducer() {
-					t.Fatal("the adopted standalone stream's producer role was kept")
+				if p, err := sess.Standalone().TakeProducer(ctx); err != nil {
+					t.Fatalf("the adopted standalone stream's producer role was kept: %v", err)
+				} else {
+					p.Done()
 				}
 			})
 		}
@@ -868,9 +872,11 @@ func TestEarlyHintsThen404EndsTheSession(t *testing.T) {
 	}
 }
 
-// A 409 after a 103 is asked again like any 409: the client gets a clean
-// event stream (it once got the 409's body merged with the retry's stream).
-func TestEarlyHintsThen409IsAskedAgain(t *testing.T) {
+// An upstream 409 to a standalone GET is the upstream's own answer (the
+// proxy closed its previous GET before opening this one), so it reaches
+// the client as plain reverse_proxy passes it, after a 103 too: the 409's
+// status and body, nothing merged, and the upstream is not asked again.
+func TestEarlyHintsThen409ReachesTheClient(t *testing.T) {
 	h := testHandler(t)
 	newSession(t, h, "2025-11-25")
 	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
@@ -879,8 +885,11 @@ func TestEarlyHintsThen409IsAskedAgain(t *testing.T) {
 	}}
 	resp, body := standaloneGet(t, h, up)
 	t.Logf("client got %d %v %q", resp.StatusCode, resp.Header, body)
-	if resp.Header.Get("Content-Type") != "text/event-stream" || len(body) < 8 || body[:8] == "Conflict" {
-		t.Errorf("client did not get a clean event stream")
+	if resp.StatusCode != http.StatusConflict || strings.Contains(body, "data:") {
+		t.Errorf("client got %d %q, want the upstream's 409", resp.StatusCode, body)
+	}
+	if n := len(up.requests()); n != 1 {
+		t.Errorf("the upstream was asked %d times, want once", n)
 	}
 }
 

@@ -35,6 +35,18 @@ func BigLimits() buffer.Limits {
 const EvSize = 36
 
 // MustSession creates session id.
+// MustProduce takes the producer role of str.
+func MustProduce(t testing.TB, str buffer.Stream) buffer.Producer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := str.TakeProducer(ctx)
+	if err != nil {
+		t.Fatalf("TakeProducer: %v", err)
+	}
+	return p
+}
+
 func MustSession(t testing.TB, st buffer.Store, id string) buffer.Session {
 	t.Helper()
 	s, err := st.CreateSession(id, buffer.SessionMeta{Version: "2025-06-18", Fingerprint: [32]byte{1}})

@@ -3,6 +3,8 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,8 @@ var readerContracts = []contract{
 	{"AttachFromUndelivered", testAttachFromUndelivered},
 	{"StandaloneGoesOnAfterFailure", testStandaloneGoesOn},
 	{"StandaloneReaderEndsWithoutProducer", testStandaloneProducerGone},
+	{"ProducerHandover", testProducerHandover},
+	{"StandaloneProducerSpansIncarnations", testStandaloneProducerSpansIncarnations},
 }
 
 func testTakeover(t *testing.T, e *env) {
@@ -189,9 +193,7 @@ func testStandaloneGoesOn(t *testing.T, e *env) {
 	if g.Num() != policy.StandaloneNum || g.Kind() != policy.StandaloneStream {
 		t.Fatalf("standalone stream %d %v", g.Num(), g.Kind())
 	}
-	if !g.ClaimProducer() {
-		t.Fatal("ClaimProducer")
-	}
+	p := MustProduce(t, g)
 	AppendN(t, g, 2, EvSize)
 	g.Fail(policy.ReasonStalled, buffer.Signal{Fields: Fields(Payload(3, EvSize))})
 	if v := g.View(); v.State != policy.Live || v.Head != 3 {
@@ -205,14 +207,15 @@ func testStandaloneGoesOn(t *testing.T, e *env) {
 	if n := st.Counters().FailedStreams()[policy.ReasonStalled]; n != 1 {
 		t.Fatalf("FailedStreams[stalled] = %d", n)
 	}
-	g.ReleaseProducer()
+	p.Done()
 }
 
 func testStandaloneProducerGone(t *testing.T, e *env) {
 	st := e.store(BigLimits())
 	g := MustSession(t, st, "s1").Standalone()
-	if !g.ClaimProducer() || g.ClaimProducer() {
-		t.Fatal("ClaimProducer must succeed once")
+	p := MustProduce(t, g)
+	if _, err := g.TakeProducer(t.Context()); !errors.Is(err, buffer.ErrProducing) {
+		t.Fatalf("a second TakeProducer got %v, want ErrProducing", err)
 	}
 	if st.Stats().Producing != 1 {
 		t.Fatal("Producing gauge")
@@ -227,7 +230,7 @@ func testStandaloneProducerGone(t *testing.T, e *env) {
 	CheckSeqs(t, evs, 1, EvSize)
 	ended := Async(func() error { _, err := ReadAll(t, r); return err })
 	time.Sleep(50 * time.Millisecond)
-	g.ReleaseProducer() // the upstream GET ended: a caught-up reader ends too
+	p.Done() // the upstream GET ended: a caught-up reader ends too
 	if err := <-ended; !errors.Is(err, buffer.ErrProducerGone) {
 		t.Fatalf("caught-up standalone reader got %v, want ErrProducerGone", err)
 	}
@@ -238,8 +241,99 @@ func testStandaloneProducerGone(t *testing.T, e *env) {
 	if len(evs) != 2 || !errors.Is(err, buffer.ErrProducerGone) {
 		t.Fatalf("behind reader: %d events, %v", len(evs), err)
 	}
-	if !g.ClaimProducer() {
-		t.Fatal("ClaimProducer after release")
+	MustProduce(t, g).Done()
+}
+
+// The producer role is handed over, never shared: a running producer keeps
+// it; one asked to stop is waited for until Done, and only then is the
+// role the next one's; the wait is bounded by the taker's context.
+func testProducerHandover(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	s := MustSession(t, st, "s1")
+	for _, str := range []buffer.Stream{s.Standalone(), MustStream(t, s)} {
+		p := MustProduce(t, str)
+		if _, err := str.TakeProducer(t.Context()); !errors.Is(err, buffer.ErrProducing) {
+			t.Fatalf("stream %d: TakeProducer while one runs: %v, want ErrProducing", str.Num(), err)
+		}
+		p.Stop()
+		if p.Context().Err() == nil {
+			t.Fatalf("stream %d: Stop did not end the producer's context", str.Num())
+		}
+		short, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		if _, err := str.TakeProducer(short); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("stream %d: TakeProducer before the stopping producer is done: %v, want the deadline", str.Num(), err)
+		}
+		cancel()
+		var done atomic.Bool
+		next := make(chan buffer.Producer, 1)
+		taken := Async(func() error {
+			q, err := str.TakeProducer(t.Context())
+			if err == nil && !done.Load() {
+				err = errors.New("the role was handed over before the producer was done")
+			}
+			next <- q
+			return err
+		})
+		time.Sleep(50 * time.Millisecond)
+		done.Store(true)
+		p.Done()
+		p.Done() // again: nothing
+		if err := <-taken; err != nil {
+			t.Fatalf("stream %d: %v", str.Num(), err)
+		}
+		q := <-next
+		if q.Context().Err() != nil {
+			t.Fatalf("stream %d: the new producer is stopped already", str.Num())
+		}
+		q.Done()
 	}
-	g.ReleaseProducer()
+}
+
+// The standalone stream's role is the session ID's: after the session
+// ended and came back (adopted), the new incarnation's producer waits for
+// the old one's Done (its upstream GET still closing), and
+// StandaloneClosed tells an adopter the same before any session exists.
+func testStandaloneProducerSpansIncarnations(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	old := MustProduce(t, MustSession(t, st, "s1").Standalone())
+	st.Delete("s1", policy.ReasonPurged)
+	select {
+	case <-old.Context().Done(): // the session's end stops its producer
+	case <-time.After(10 * time.Second):
+		t.Fatal("the ended session's producer was not asked to stop")
+	}
+	short, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	if err := st.StandaloneClosed(short, "s1"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("StandaloneClosed while the old GET closes: %v", err)
+	}
+	var done atomic.Bool
+	closed := Async(func() error {
+		if err := st.StandaloneClosed(t.Context(), "s1"); err != nil || !done.Load() {
+			return fmt.Errorf("StandaloneClosed returned %v before the old producer was done", err)
+		}
+		return nil
+	})
+	s := MustSession(t, st, "s1") // adopted again
+	taken := Async(func() error {
+		p, err := s.Standalone().TakeProducer(t.Context())
+		if err == nil {
+			if !done.Load() {
+				err = errors.New("the new incarnation's role was given before the old producer was done")
+			}
+			p.Done()
+		}
+		return err
+	})
+	time.Sleep(50 * time.Millisecond)
+	done.Store(true)
+	old.Done()
+	for _, c := range []<-chan error{closed, taken} {
+		if err := <-c; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.StandaloneClosed(t.Context(), "never-was"); err != nil {
+		t.Fatalf("StandaloneClosed of an unknown session: %v", err)
+	}
 }

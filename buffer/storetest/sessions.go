@@ -78,13 +78,11 @@ func testLimits(t *testing.T, e *env) {
 	if len(info.Streams) != 3 || info.Streams[0].Num != 1 || info.Streams[0].State != "complete" || info.Streams[2].Num != 3 {
 		t.Fatalf("info %+v", info)
 	}
-	if !g.ClaimProducer() {
-		t.Fatal("ClaimProducer")
-	}
+	prod := MustProduce(t, g)
 	if info := s.Info(); len(info.Streams) != 4 || info.Streams[0].Kind != "standalone" {
 		t.Fatalf("info after the standalone stream was used %+v", info)
 	}
-	g.ReleaseProducer()
+	prod.Done()
 	if s := st.Stats(); s.Sessions != 2 || s.Streams != 4 {
 		t.Fatalf("stats %+v", s)
 	}
