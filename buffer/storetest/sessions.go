@@ -268,12 +268,12 @@ func testIdleExpiry(t *testing.T, e *env) {
 	lim := BigLimits()
 	lim.SessionIdleTimeout = idle
 	st := e.store(lim)
+	start := time.Now() // before the idle session's last activity, its creation: the setup below may take a while on a loaded machine
 	idleS := MustSession(t, st, "idle")
 	AppendN(t, MustStream(t, idleS), 3, EvSize)
 	touched := MustSession(t, st, "touched")
 	connected := MustSession(t, st, "connected")
 	r, _ := MustStream(t, connected).Attach(1)
-	start := time.Now()
 
 	stop := make(chan struct{})
 	done := Async(func() bool {
