@@ -67,7 +67,7 @@ type tombRef struct {
 	ended time.Time
 }
 
-var _ Store = (*MemoryStore)(nil)
+var _ Backend = (*MemoryStore)(nil)
 
 // NewMemoryStore starts a store and its sweeper.
 func NewMemoryStore(opts Options) *MemoryStore {
@@ -256,6 +256,17 @@ func (st *MemoryStore) Session(id string) (Session, bool) {
 	return s, true
 }
 
+// SessionInfo implements Inspector.
+func (st *MemoryStore) SessionInfo(id string) (SessionInfo, bool) {
+	st.mu.RLock()
+	s, ok := st.sessions[id]
+	st.mu.RUnlock()
+	if !ok {
+		return SessionInfo{}, false
+	}
+	return s.info(), true
+}
+
 // Tombstone implements Store.
 func (st *MemoryStore) Tombstone(id string) (Tombstone, bool) {
 	st.mu.RLock()
@@ -368,18 +379,18 @@ func (st *MemoryStore) close() {
 	st.wg.Wait()
 }
 
-// Sessions implements Store.
+// Sessions implements Inspector.
 func (st *MemoryStore) Sessions() []SessionInfo {
 	list := st.snapshot()
 	out := make([]SessionInfo, 0, len(list))
 	for _, s := range list {
-		out = append(out, s.Info())
+		out = append(out, s.info())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out
 }
 
-// Stats implements Store.
+// Stats implements Inspector.
 func (st *MemoryStore) Stats() Stats {
 	list := st.snapshot()
 	var out Stats

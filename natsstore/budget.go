@@ -30,7 +30,7 @@ const pollInterval = 250 * time.Millisecond
 
 // tryAppend decides one append: it appends (wait nil, err nil), refuses
 // (wait nil, err set), or returns how to wait before deciding again.
-func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (uint64, func(context.Context) error, error) {
+func (w *writer) tryAppend(e buffer.Entry, clk *stallClock) (uint64, func(context.Context) error, error) {
 	st, s := w.st, w.s
 	var freed, changed, room <-chan struct{}
 	refreshed := false
@@ -53,7 +53,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 			w.mu.Unlock()
 			return 0, nil, err
 		}
-		n := int64(w.framedLen(len(fields)))
+		n := int64(w.framedLen(len(e.Fields)))
 		own := max(w.headOff-rec.FloorOff, 0)
 		bud := policy.Budget{
 			StreamBytes: own, StreamMax: lim.MaxStreamBytes,
@@ -70,7 +70,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 		action := policy.DecideAppend(bud, n, stalled, lim.StallTimeout)
 		pipelineFull := len(w.open.lens) > 0 && len(w.open.buf)+int(n) > st.batchMax
 		if action == policy.Append && !pipelineFull {
-			seq := w.addLocked(fields, answers)
+			seq := w.addLocked(e)
 			w.mu.Unlock()
 			return seq, nil, nil
 		}

@@ -28,7 +28,7 @@ func TestATotalReadingKeepsWhatWasStoredMeanwhile(t *testing.T) {
 	str.ClaimProducer()
 	stored := func(from, to uint64) {
 		appendEvents(t, str, from, to)
-		if head := str.(*stream).WaitStored(); head != to {
+		if head := waitStored(str); head != to {
 			t.Fatalf("stored up to %d, want %d", head, to)
 		}
 	}
@@ -75,11 +75,11 @@ func TestPipelineWaitsAreNotStalls(t *testing.T) {
 	str.ClaimProducer()
 	fields := []byte("data: " + strings.Repeat("f", 500) + "\n")
 	for i := 0; i < 5000; i++ {
-		if _, err := str.Append(context.Background(), fields, nil); err != nil {
+		if _, err := str.Append(context.Background(), buffer.Entry{Fields: fields}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := str.(*stream).WaitStored(); n != 5000 {
+	if n := waitStored(str); n != 5000 {
 		t.Fatalf("stored %d of 5000", n)
 	}
 	if n := st.counters.Stalls.Load(); n != 0 {
@@ -94,7 +94,7 @@ func TestPipelineWaitsAreNotStalls(t *testing.T) {
 	full.ClaimProducer()
 	var failed error
 	for i := 0; i < 100 && failed == nil; i++ {
-		_, failed = full.Append(context.Background(), fields, nil)
+		_, failed = full.Append(context.Background(), buffer.Entry{Fields: fields})
 	}
 	if failed == nil || st.counters.Stalls.Load() == 0 {
 		t.Fatalf("a full log: %v, %d stalls", failed, st.counters.Stalls.Load())
@@ -131,7 +131,7 @@ func TestABatchIsNeverCountedTwice(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := str.Append(wctx, fields, nil); err != nil {
+				if _, err := str.Append(wctx, buffer.Entry{Fields: fields}); err != nil {
 					if wctx.Err() == nil {
 						t.Error(err)
 					}
@@ -186,7 +186,7 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
 	str.ClaimProducer()
 	appendEvents(t, str, 1, 200)
-	str.(*stream).WaitStored()
+	waitStored(str)
 	// The zone has been busy: the events stream's sequence is well along.
 	for i := 0; i < 5000; i++ {
 		if _, err := a.js.PublishAsync(a.names.evPrefix+"busy", nil); err != nil {
@@ -197,7 +197,7 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 	a.events.Purge(context.Background(), jetstream.WithPurgeSubject(a.names.evPrefix+"busy"))
 	a.total.refresh(a) // a reading: seen = its last
 	appendEvents(t, str, 201, 260)
-	str.(*stream).WaitStored()
+	waitStored(str)
 	a.total.mu.Lock()
 	recentN, seen := len(a.total.recent), a.total.seen
 	var recentBytes int64
@@ -223,7 +223,7 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 	str2, _ := s2.NewStream([]string{"1"}, [32]byte{2})
 	str2.ClaimProducer()
 	appendEvents(t, str2, 1, 20)
-	str2.(*stream).WaitStored()
+	waitStored(str2)
 	info, err := a.events.Info(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -30,7 +30,7 @@ func TestRestartKeepsTheZone(t *testing.T) {
 	g := s.Standalone()
 	g.ClaimProducer()
 	appendEvents(t, g, 1, 2)
-	g.SetUpstreamCursor("up-2")
+	g.NoteUpstream("up-2") // recorded as the producer lets go
 	g.ReleaseProducer()
 	gone, _ := st.CreateSession("gone", buffer.SessionMeta{})
 	gone.NewStream([]string{"1"}, [32]byte{1})
@@ -90,7 +90,7 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 		t.Fatal("ClaimProducer")
 	}
 	appendEvents(t, str, 1, 3)
-	if _, err := str.Append(context.Background(), []byte("data: event 4\n"), []string{"1"}); err != nil {
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: event 4\n"), Answers: []string{"1"}}); err != nil {
 		t.Fatal(err)
 	}
 	str.(*stream).currentWriter().waitStored(10 * time.Second)

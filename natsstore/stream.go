@@ -182,12 +182,12 @@ func (s *stream) Connected() bool {
 
 // ---- producer --------------------------------------------------------------
 
-func (s *stream) Append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
+func (s *stream) Append(ctx context.Context, e buffer.Entry) (uint64, error) {
 	w, err := s.writer()
 	if err != nil {
 		return 0, err
 	}
-	return w.append(ctx, fields, answers)
+	return w.append(ctx, e)
 }
 
 func (s *stream) Complete() {
@@ -263,15 +263,20 @@ func (s *stream) dropIdleWriter() {
 
 // ReleaseProducer implements buffer.Stream. The standalone stream's lease
 // goes once what the producer appended is stored, so a reader that sees
-// the lease gone and the subject read to its end has everything.
+// the lease gone and the subject read to its end has everything, and the
+// next producer finds the upstream cursor of exactly that.
 func (s *stream) ReleaseProducer() {
 	if !s.producing.Swap(false) {
 		return
 	}
+	w := s.currentWriter()
+	if s.kind == policy.StandaloneStream && w != nil {
+		w.waitStored(s.sess.st.endTimeout())
+	}
+	if w != nil {
+		w.recordNote()
+	}
 	if s.kind == policy.StandaloneStream {
-		if w := s.currentWriter(); w != nil {
-			w.waitStored(s.sess.st.endTimeout())
-		}
 		s.sess.st.release(s.key)
 	}
 	s.changed.fire()
@@ -472,6 +477,7 @@ func (s *stream) leave() {
 	}
 	if w != nil {
 		w.waitStored(st.endTimeout())
+		w.recordNote()
 	}
 	s.producing.Store(false)
 	st.release(s.key)

@@ -19,7 +19,7 @@ type contract struct {
 // Run runs the contract. open returns a fresh, empty store with limits lim
 // (its sweeper running every few tens of milliseconds); each test closes
 // its stores.
-func Run(t *testing.T, open func(t *testing.T, lim buffer.Limits) buffer.Store) {
+func Run(t *testing.T, open func(t *testing.T, lim buffer.Limits) buffer.Backend) {
 	var all []contract
 	all = append(all, eventContracts...)
 	all = append(all, backpressureContracts...)
