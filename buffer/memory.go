@@ -148,7 +148,7 @@ func (st *MemoryStore) snapshot() []*memSession {
 	return list
 }
 
-// Counters implements Store.
+// Counters implements Inspector.
 func (st *MemoryStore) Counters() *Counters { return &st.counters }
 
 // Key implements Store.
