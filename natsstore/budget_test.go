@@ -50,8 +50,11 @@ func TestATotalReadingKeepsWhatWasStoredMeanwhile(t *testing.T) {
 	if now.State.LastSeq <= info.State.LastSeq {
 		t.Fatal("nothing was stored after the reading: the test shows nothing")
 	}
-	// storedSize overestimates a little, never under.
-	if got < int64(now.State.Bytes) || got > int64(now.State.Bytes)+1024 {
+	// storedSize overestimates a little per message (about 150 bytes),
+	// never under. How many messages the batches after the reading took
+	// depends on the publishes' pace: at low rates each event is its own.
+	slack := 256 * int64(now.State.LastSeq-info.State.LastSeq)
+	if got < int64(now.State.Bytes) || got > int64(now.State.Bytes)+slack {
 		t.Fatalf("the total says %d bytes, JetStream holds %d", got, now.State.Bytes)
 	}
 	// A later reading counts them itself: nothing is counted twice.
