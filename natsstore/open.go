@@ -73,8 +73,9 @@ type Store struct {
 }
 
 var (
-	_ buffer.Backend      = (*Store)(nil)
-	_ buffer.Availability = (*Store)(nil)
+	_ buffer.Backend       = (*Store)(nil)
+	_ buffer.Availability  = (*Store)(nil)
+	_ buffer.BatchAppender = (*stream)(nil)
 )
 
 // names are the zone's JetStream names.

@@ -132,22 +132,28 @@ func (w *writer) usableLocked() error {
 	return nil
 }
 
-// append implements Stream.Append: see budget.go for when it blocks.
-func (w *writer) append(ctx context.Context, e buffer.Entry) (uint64, error) {
+// append implements Stream.Append and AppendBatch: see budget.go for when
+// it blocks. Each entry's stall is its own, as if appended alone.
+func (w *writer) append(ctx context.Context, es []buffer.Entry) (last uint64, n int, err error) {
 	var blocked stallClock
-	defer blocked.stop(w)
-	for {
-		seq, wait, err := w.tryAppend(e, &blocked)
+	defer func() { blocked.stop(w) }()
+	for n < len(es) {
+		seq, added, wait, err := w.tryAppend(es[n:], &blocked)
 		if wait == nil {
-			if err == nil {
-				w.st.counters.EventsEnqueued.Add(1)
+			if err != nil {
+				return last, n, err
 			}
-			return seq, err
+			w.st.counters.EventsEnqueued.Add(uint64(added))
+			last, n = seq, n+added
+			blocked.stop(w)
+			blocked = stallClock{}
+			continue
 		}
 		if err := wait(ctx); err != nil {
-			return 0, err
+			return last, n, err
 		}
 	}
+	return last, n, nil
 }
 
 // addLocked frames an event as the next seq into the open batch, which
