@@ -10,7 +10,8 @@ import "context"
 // BatchAppender is a Stream that appends several events in one step, as an
 // upstream read that carried several delivers them: the memory store's
 // streams take them under one hold of their lock and wake their reader
-// once. Use AppendBatch, which falls back to Append for a Stream without it.
+// once; the JetStream store's put them into one open batch. Use
+// AppendBatch, which falls back to Append for a Stream without it.
 type BatchAppender interface {
 	// AppendBatch appends entries in order, each as Append would (framed
 	// under the ID it mints, blocking while the log is full, the upstream
@@ -53,6 +54,4 @@ func Available(st Store) error {
 	return nil
 }
 
-var (
-	_ BatchAppender = (*memStream)(nil)
-)
+var _ BatchAppender = (*memStream)(nil)
