@@ -88,7 +88,7 @@ func BenchmarkAppend(b *testing.B) {
 			dst := make([][]byte, 0, 16)
 			appendOne := func(consume bool) {
 				clock.Add(int64(time.Microsecond))
-				seq, err := str.Append(ctx, data, nil)
+				seq, err := str.Append(ctx, buffer.Entry{Fields: data})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -121,7 +121,7 @@ func BenchmarkReplay(b *testing.B) {
 		b.Run(sz.name, func(b *testing.B) {
 			str, data := benchStream(b, sz.size)
 			for i := 0; i < retained; i++ {
-				if _, err := str.Append(context.Background(), data, nil); err != nil {
+				if _, err := str.Append(context.Background(), buffer.Entry{Fields: data}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -153,7 +153,7 @@ func TestConcurrentAppendersAndReaders(t *testing.T) {
 				defer producers.Done()
 				for i := 0; i < events/3; i++ {
 					data := []byte(fmt.Sprintf("%s/a%d/%d/%s", tg.name, a, i, make([]byte, (i*7+a)%97)))
-					seq, err := tg.str.Append(context.Background(), storetest.Fields(data), nil)
+					seq, err := tg.str.Append(context.Background(), buffer.Entry{Fields: storetest.Fields(data)})
 					if err != nil || seq == 0 || seq > events {
 						fail("%s: Append = %d, %v", tg.name, seq, err)
 						return
@@ -323,7 +323,7 @@ func TestConcurrentBackpressure(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for q := uint64(1); q <= events; q++ {
-				seq, err := str.Append(context.Background(), storetest.Fields(streamPayload(name, q)), nil)
+				seq, err := str.Append(context.Background(), buffer.Entry{Fields: storetest.Fields(streamPayload(name, q))})
 				if err != nil || seq != q {
 					errs <- fmt.Errorf("%s: Append = %d, %v", name, seq, err)
 					return

@@ -204,7 +204,7 @@ func TestRetainedBytesTrackTheHeap(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := 0; i < 150000; i++ {
-			if _, err := str.Append(context.Background(), f, nil); err != nil {
+			if _, err := str.Append(context.Background(), Entry{Fields: f}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -69,7 +69,7 @@ type tombRef struct {
 	ended time.Time
 }
 
-var _ Store = (*MemoryStore)(nil)
+var _ Backend = (*MemoryStore)(nil)
 
 // NewMemoryStore starts a store and its sweeper.
 func NewMemoryStore(opts Options) *MemoryStore {
@@ -150,7 +150,7 @@ func (st *MemoryStore) snapshot() []*memSession {
 	return list
 }
 
-// Counters implements Store.
+// Counters implements Inspector.
 func (st *MemoryStore) Counters() *Counters { return &st.counters }
 
 // Key implements Store.
@@ -261,6 +261,17 @@ func (st *MemoryStore) Session(id string) (Session, bool) {
 // StandaloneClosed implements Store.
 func (st *MemoryStore) StandaloneClosed(ctx context.Context, id string) error {
 	return st.producers.await(ctx, id)
+}
+
+// SessionInfo implements Inspector.
+func (st *MemoryStore) SessionInfo(id string) (SessionInfo, bool) {
+	st.mu.RLock()
+	s, ok := st.sessions[id]
+	st.mu.RUnlock()
+	if !ok {
+		return SessionInfo{}, false
+	}
+	return s.info(), true
 }
 
 // Tombstone implements Store.
@@ -375,18 +386,18 @@ func (st *MemoryStore) close() {
 	st.wg.Wait()
 }
 
-// Sessions implements Store.
+// Sessions implements Inspector.
 func (st *MemoryStore) Sessions() []SessionInfo {
 	list := st.snapshot()
 	out := make([]SessionInfo, 0, len(list))
 	for _, s := range list {
-		out = append(out, s.Info())
+		out = append(out, s.info())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out
 }
 
-// Stats implements Store.
+// Stats implements Inspector.
 func (st *MemoryStore) Stats() Stats {
 	list := st.snapshot()
 	var out Stats

@@ -158,7 +158,7 @@ func TestRecycleWhileReading(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for i := 1; i <= n; i++ {
-			if _, err := str.Append(context.Background(), storetest.Fields(storetest.Payload(uint64(i), size)), nil); err != nil {
+			if _, err := str.Append(context.Background(), buffer.Entry{Fields: storetest.Fields(storetest.Payload(uint64(i), size))}); err != nil {
 				t.Error(err)
 				return
 			}

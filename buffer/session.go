@@ -191,7 +191,7 @@ func (s *memSession) retire() {
 	s.ended = keep
 }
 
-func (s *memSession) Info() SessionInfo {
+func (s *memSession) info() SessionInfo {
 	info := SessionInfo{
 		ID:           s.id,
 		Epoch:        s.epoch,

@@ -9,10 +9,20 @@
 // Append blocks while a byte bound is reached (backpressure); it never evicts
 // to make room. Events leave a log only when policy.Evictable says so.
 //
-// Store, Session, Stream and Reader are the seam between the Caddy glue and a
-// retention engine: MemoryStore (this package) keeps everything in the
-// process; a shared store keeps it where several replicas can reach it. The
-// package knows nothing of HTTP or Caddy.
+// Store, Session, Stream and Reader are the data path's seam between the
+// resume engine and a retention engine: MemoryStore (this package) keeps
+// everything in the process; a shared store keeps it where several replicas
+// can reach it. Inspector is what operators read of a store (the admin API,
+// metrics), and Backend, a Store with its Inspector, is what a store
+// implementation provides. Optional capabilities are named interfaces of
+// their own (capabilities.go). The package knows nothing of HTTP or Caddy.
+//
+// Files: store.go (the seam, its errors and values), capabilities.go (the
+// optional capabilities), memory.go (MemoryStore, its sessions' table and
+// sweeper), session.go (a memory session), stream.go (a memory stream:
+// append, resume, attach), reader.go (its reader), log.go (the chunked
+// event log), budget.go (byte bounds and backpressure), counters.go
+// (Counters, Hooks). buffer/storetest is the contract every store passes.
 package buffer
 
 import (
@@ -121,6 +131,16 @@ type Signal struct {
 	Answers []string // the request ids it answers (canonical JSON)
 }
 
+// Entry is one event as a producer appends it.
+type Entry struct {
+	Fields  []byte   // SSE fields, without id
+	Answers []string // the request ids it answers (canonical JSON)
+	// Upstream is the upstream's own event ID the event came with, "" if it
+	// had none: the stream's upstream cursor moves to it as the event is
+	// stored (Stream.UpstreamCursor).
+	Upstream string
+}
+
 // Batch is a run of consecutive events as a reader hands them out, framed
 // for the client (each with its "id:" line and closing blank line).
 type Batch struct {
@@ -128,7 +148,14 @@ type Batch struct {
 	Data        [][]byte // the events' bytes, in order; valid until the next Read
 }
 
-// Store holds sessions.
+// Backend is what a store implementation provides: the data path and its
+// operator reads.
+type Backend interface {
+	Store
+	Inspector
+}
+
+// Store holds sessions: the data path.
 type Store interface {
 	// CreateSession registers a session under the upstream's session ID,
 	// minting its epoch. A tombstone of the same ID is consumed: what it
@@ -147,9 +174,6 @@ type Store interface {
 	// Delete ends a session: its readers and appenders stop, its events go,
 	// a tombstone remembers it.
 	Delete(id string, reason policy.Reason) bool
-	Sessions() []SessionInfo
-	Stats() Stats
-	Counters() *Counters
 	// Key is the secret that credential fingerprints and epochs are keyed
 	// with; every replica of a shared store has the same.
 	Key() []byte
@@ -191,7 +215,6 @@ type Session interface {
 	// Rebind binds the session to a refreshed credential the upstream has
 	// accepted for it (policy.DecideRebind), on every replica.
 	Rebind(Credential) error
-	Info() SessionInfo
 }
 
 // Stream is one retention log.
@@ -199,10 +222,9 @@ type Stream interface {
 	Num() uint32
 	Kind() policy.StreamKind
 	View() policy.StreamView
-	// Append adds an event (its SSE fields, without id) framed under the ID
-	// it mints, blocking while the log is full; answers are the request ids
-	// the event answers.
-	Append(ctx context.Context, fields []byte, answers []string) (uint64, error)
+	// Append adds an event framed under the ID it mints, blocking while the
+	// log is full, and returns its seq.
+	Append(ctx context.Context, e Entry) (uint64, error)
 	// Complete ends a request stream whose requests were all answered.
 	Complete()
 	// Fail appends the signals and ends a request stream with reason. On the
@@ -227,11 +249,19 @@ type Stream interface {
 	TakeProducer(ctx context.Context) (Producer, error)
 	// Connected reports whether a client reads the stream now.
 	Connected() bool
-	// UpstreamCursor is the upstream's own last event ID on this stream, as
-	// the last producer left it, so the next one can resume the upstream
-	// where it stopped. Never shown to clients.
+	// UpstreamCursor is the upstream's own event ID as of the last event
+	// the store holds durably (the Upstream of the last such entry that had
+	// one, or a later NoteUpstream), on every handle of the stream: where a
+	// producer that takes the stream over resumes the upstream, so that it
+	// gets exactly what was not kept. Never shown to clients.
 	UpstreamCursor() string
-	SetUpstreamCursor(id string)
+	// NoteUpstream moves the upstream cursor to id with no event: the
+	// upstream gave an ID on something not stored (a priming event, an
+	// event too large to keep). The note holds after every event appended
+	// before it; it is durable with the next event appended, or once the
+	// producer releases the stream, whichever comes first. An empty id
+	// changes nothing.
+	NoteUpstream(id string)
 }
 
 // Reader delivers a stream's events in order, from history then live.
@@ -247,6 +277,17 @@ type Reader interface {
 	// Done is closed when the reader is taken over or its session ends.
 	Done() <-chan struct{}
 	Close()
+}
+
+// Inspector is what operators read of a store: the admin API and the
+// metrics use it, the data path does not.
+type Inspector interface {
+	Sessions() []SessionInfo
+	// SessionInfo describes session id, if the store holds it.
+	SessionInfo(id string) (SessionInfo, bool)
+	Stats() Stats
+	// Counters are the store's counts (this process's, for a shared store).
+	Counters() *Counters
 }
 
 // SessionInfo describes a session for operators; it carries no payloads.

@@ -10,7 +10,7 @@ import (
 
 // The memory store keeps the contract every store keeps.
 func TestStoreContract(t *testing.T) {
-	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Store {
+	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Backend {
 		return buffer.NewMemoryStore(buffer.Options{Limits: lim, SweepInterval: 20 * time.Millisecond})
 	})
 }

@@ -32,7 +32,7 @@ type memStream struct {
 	state      policy.StreamState
 	failReason policy.Reason
 	endedAt    time.Time
-	upstream   string // the upstream's last event ID, as the last producer left it
+	upstream   string // the upstream's event ID as of the last event (or note): what is appended is stored
 	reader     *memReader
 	waiting    bool          // the reader waits on its notify channel
 	done       chan struct{} // closed when the stream ends
@@ -92,7 +92,10 @@ func (s *memStream) UpstreamCursor() string {
 	return s.upstream
 }
 
-func (s *memStream) SetUpstreamCursor(id string) {
+func (s *memStream) NoteUpstream(id string) {
+	if id == "" {
+		return
+	}
 	s.mu.Lock()
 	s.upstream = id
 	s.mu.Unlock()
@@ -138,9 +141,9 @@ func (s *memStream) progressSince(blockedAt, now time.Time) time.Time {
 	return blockedAt
 }
 
-func (s *memStream) Append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
-	e := [1]Entry{{Fields: fields, Answers: answers}}
-	last, _, err := s.AppendBatch(ctx, e[:])
+func (s *memStream) Append(ctx context.Context, e Entry) (uint64, error) {
+	es := [1]Entry{e}
+	last, _, err := s.AppendBatch(ctx, es[:])
 	return last, err
 }
 
@@ -177,6 +180,9 @@ func (s *memStream) AppendBatch(ctx context.Context, entries []Entry) (last uint
 			}
 			reserved -= need
 			last = s.appendLocked(e.Fields, e.Answers, false)
+			if e.Upstream != "" {
+				s.upstream = e.Upstream
+			}
 			n++
 		}
 		if n > done {

@@ -56,7 +56,7 @@ func (adminAPI) handleList(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: fmt.Errorf("method not allowed")}
 	}
 	out := []sessionView{}
-	eachStore(func(name string, st buffer.Store) {
+	eachStore(func(name string, st buffer.Backend) {
 		for _, s := range st.Sessions() {
 			out = append(out, sessionView{Zone: name, SessionInfo: s})
 		}
@@ -75,10 +75,10 @@ func (adminAPI) handleSession(w http.ResponseWriter, r *http.Request) error {
 	found := false
 	var view sessionView
 	var store buffer.Store
-	eachStore(func(name string, st buffer.Store) {
-		if sess, ok := st.Session(id); ok && !found {
+	eachStore(func(name string, st buffer.Backend) {
+		if info, ok := st.SessionInfo(id); ok && !found {
 			found, store = true, st
-			view = sessionView{Zone: name, SessionInfo: sess.Info()}
+			view = sessionView{Zone: name, SessionInfo: info}
 		}
 	})
 	switch {

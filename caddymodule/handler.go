@@ -8,8 +8,8 @@
 // Files: handler.go (the module: Provision, Cleanup, ServeHTTP), config.go
 // (defaults and validation, as resume.Config), caddyfile.go, zone.go (the
 // retention stores across reloads, their drain on exit), store.go (the
-// mcp_resume.stores namespace and the memory store; the nats store is the
-// module of package caddymodule/storenats), admin.go.
+// mcp_resume.stores namespace, its optional Drainer, and the memory store;
+// the nats store is the module of package caddymodule/storenats), admin.go.
 package caddymodule
 
 import (
@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
@@ -156,12 +155,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		backend = mod.(StoreModule)
 	}
 	h.storeKey = backend.Identity(h.Zone) // another store is another zone
-	drain := DefaultDrainTimeout
-	if d, ok := backend.(interface{ DrainFor() time.Duration }); ok {
-		drain = d.DrainFor()
-	}
 	cfg := h.config()
-	z, err := loadZone(h.Zone, h.storeKey, backend, drain, cfg.Limits(), h.MaxEventBytes, h.logger)
+	z, err := loadZone(h.Zone, h.storeKey, backend, drainFor(backend), cfg.Limits(), h.MaxEventBytes, h.logger)
 	if err != nil {
 		return err
 	}

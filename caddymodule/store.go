@@ -17,13 +17,11 @@ func init() {
 
 // StoreModule is a retention store backend, a module in the
 // mcp_resume.stores namespace: memory (the default, here) or nats
-// (package caddymodule/storenats). A backend with a drain (a shared one)
-// may also have DrainFor() time.Duration: how long a stopping process
-// drains into it (default DefaultDrainTimeout).
+// (package caddymodule/storenats). Optional: Drainer.
 type StoreModule interface {
 	// OpenStore opens the store of a zone. It may block (connecting), until
 	// ctx ends.
-	OpenStore(ctx context.Context, zone string, o StoreOptions) (buffer.Store, error)
+	OpenStore(ctx context.Context, zone string, o StoreOptions) (buffer.Backend, error)
 	// Shared reports a store other processes see: on exit, a replica drains
 	// its upstream reads into it instead of cancelling them.
 	Shared() bool
@@ -32,6 +30,21 @@ type StoreModule interface {
 	// and its running calls. Defaults spelled out are not another identity,
 	// nor are options a reload applies in place.
 	Identity(zone string) string
+}
+
+// Drainer is a StoreModule with a drain of its own length (a shared one):
+// how long a stopping process drains its upstream reads into the store.
+// Without it, DefaultDrainTimeout.
+type Drainer interface {
+	DrainFor() time.Duration
+}
+
+// drainFor is how long a stopping process drains into backend.
+func drainFor(backend StoreModule) time.Duration {
+	if d, ok := backend.(Drainer); ok {
+		return d.DrainFor()
+	}
+	return DefaultDrainTimeout
 }
 
 // StoreOptions is what every store gets from the handler.
@@ -82,7 +95,7 @@ func (MemoryStore) CaddyModule() caddy.ModuleInfo {
 }
 
 // OpenStore implements StoreModule.
-func (MemoryStore) OpenStore(_ context.Context, zone string, o StoreOptions) (buffer.Store, error) {
+func (MemoryStore) OpenStore(_ context.Context, zone string, o StoreOptions) (buffer.Backend, error) {
 	return buffer.NewMemoryStore(buffer.Options{Limits: o.Limits, Hooks: o.Hooks, Key: zoneSecret(zone, o.Logger)}), nil
 }
 

@@ -318,7 +318,7 @@ func (z *zone) startDrain(why string, bounded bool) {
 }
 
 // eachStore calls fn with every open store; the admin API and metrics read them.
-func eachStore(fn func(name string, st buffer.Store)) {
+func eachStore(fn func(name string, st buffer.Backend)) {
 	zones.Range(func(_, v any) bool {
 		z := v.(*zone)
 		if st, ok := z.rt.Store(); ok {
@@ -357,8 +357,12 @@ func storeViews() []resume.StoreView {
 	var out []resume.StoreView
 	zones.Range(func(_, v any) bool {
 		z := v.(*zone)
-		st, _ := z.rt.Store()
-		out = append(out, resume.StoreView{Zone: z.name, Store: st, Shared: z.backend.Shared()})
+		var view resume.StoreView
+		if st, ok := z.rt.Store(); ok {
+			view.Store = st
+		}
+		view.Zone, view.Shared, view.Up = z.name, z.backend.Shared(), z.rt.Unavailable() == nil
+		out = append(out, view)
 		return true
 	})
 	return out

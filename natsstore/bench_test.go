@@ -49,7 +49,7 @@ func BenchmarkAppendRead(b *testing.B) {
 	b.ResetTimer()
 	start := time.Now()
 	for i := 0; i < b.N; i++ {
-		if _, err := str.Append(context.Background(), fields, nil); err != nil {
+		if _, err := str.Append(context.Background(), buffer.Entry{Fields: fields}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -88,7 +88,7 @@ func BenchmarkLargeEvent(b *testing.B) {
 			b.SetBytes(int64(len(fields)))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				seq, err := str.Append(context.Background(), fields, nil)
+				seq, err := str.Append(context.Background(), buffer.Entry{Fields: fields})
 				if err != nil {
 					b.Fatal(err)
 				}

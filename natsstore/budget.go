@@ -28,9 +28,13 @@ import (
 // read from JetStream.
 const pollInterval = 250 * time.Millisecond
 
-// tryAppend decides one append: it appends (wait nil, err nil), refuses
-// (wait nil, err set), or returns how to wait before deciding again.
-func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (uint64, func(context.Context) error, error) {
+// tryAppend decides one append of the first of es: it appends (wait nil,
+// err nil), refuses (wait nil, err set), or returns how to wait before
+// deciding again. Once it appends, the rest of es follow under the same
+// hold of the lock while each is decided an append as the first was (with
+// the bytes before it counted); it returns the last seq and how many went
+// in.
+func (w *writer) tryAppend(es []buffer.Entry, clk *stallClock) (uint64, int, func(context.Context) error, error) {
 	st, s := w.st, w.s
 	var freed, changed, room <-chan struct{}
 	refreshed := false
@@ -41,7 +45,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 		}
 		rec, ok := s.record()
 		if !ok || rec.State != policy.Live {
-			return 0, nil, buffer.ErrStreamEnded
+			return 0, 0, nil, buffer.ErrStreamEnded
 		}
 		now := time.Now()
 		lim := st.Limits()
@@ -51,9 +55,9 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 		w.mu.Lock()
 		if err := w.usableLocked(); err != nil {
 			w.mu.Unlock()
-			return 0, nil, err
+			return 0, 0, nil, err
 		}
-		n := int64(w.framedLen(len(fields)))
+		n := int64(w.framedLen(len(es[0].Fields)))
 		own := max(w.headOff-rec.FloorOff, 0)
 		bud := policy.Budget{
 			StreamBytes: own, StreamMax: lim.MaxStreamBytes,
@@ -70,15 +74,26 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 		action := policy.DecideAppend(bud, n, stalled, lim.StallTimeout)
 		pipelineFull := len(w.open.lens) > 0 && len(w.open.buf)+int(n) > st.batchMax
 		if action == policy.Append && !pipelineFull {
-			seq := w.addLocked(fields, answers)
+			seq, added := w.addLocked(es[0]), 1
+			for ; added < len(es); added++ {
+				total += n
+				n = int64(w.framedLen(len(es[added].Fields)))
+				own = max(w.headOff-rec.FloorOff, 0)
+				bud.StreamBytes, bud.SessionBytes, bud.TotalBytes = own, own+others, total
+				if policy.DecideAppend(bud, n, stalled, lim.StallTimeout) != policy.Append ||
+					len(w.open.lens) > 0 && len(w.open.buf)+int(n) > st.batchMax {
+					break // it decides again as an append of its own
+				}
+				seq = w.addLocked(es[added])
+			}
 			w.mu.Unlock()
-			return seq, nil, nil
+			return seq, added, nil, nil
 		}
 		w.mu.Unlock()
 
 		switch action {
 		case policy.FailTooLarge:
-			return 0, nil, &buffer.FailedError{Reason: policy.ReasonTooLarge}
+			return 0, 0, nil, &buffer.FailedError{Reason: policy.ReasonTooLarge}
 		case policy.Block, policy.FailStalled:
 			// Room may be owed already: what the stream's own window has
 			// released goes now (the sweeper does it for every stream).
@@ -91,7 +106,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 				continue
 			}
 			if action == policy.FailStalled {
-				return 0, nil, &buffer.FailedError{Reason: policy.ReasonStalled}
+				return 0, 0, nil, &buffer.FailedError{Reason: policy.ReasonStalled}
 			}
 		case policy.Append:
 			// The event fits; the store is not taking batches fast enough.
@@ -99,7 +114,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 			// the log; it goes on past stall_timeout only while NATS fails,
 			// and fails the stream as a full log would.
 			if !clk.flowing.IsZero() && now.Sub(clk.flowing) >= lim.StallTimeout {
-				return 0, nil, &buffer.FailedError{Reason: policy.ReasonStalled}
+				return 0, 0, nil, &buffer.FailedError{Reason: policy.ReasonStalled}
 			}
 		}
 		if !captured {
@@ -107,7 +122,7 @@ func (w *writer) tryAppend(fields []byte, answers []string, clk *stallClock) (ui
 		}
 		due := progress.Add(lim.StallTimeout).Sub(now)
 		roomWait := action != policy.Append
-		return 0, func(ctx context.Context) error {
+		return 0, 0, func(ctx context.Context) error {
 			if roomWait {
 				clk.start(w)
 				clk.flowing = time.Time{} // the pipeline moved, or room would not be the question

@@ -28,7 +28,7 @@ func TestATotalReadingKeepsWhatWasStoredMeanwhile(t *testing.T) {
 	claim(t, str)
 	stored := func(from, to uint64) {
 		appendEvents(t, str, from, to)
-		if head := str.(*stream).WaitStored(); head != to {
+		if head := waitStored(str); head != to {
 			t.Fatalf("stored up to %d, want %d", head, to)
 		}
 	}
@@ -50,8 +50,11 @@ func TestATotalReadingKeepsWhatWasStoredMeanwhile(t *testing.T) {
 	if now.State.LastSeq <= info.State.LastSeq {
 		t.Fatal("nothing was stored after the reading: the test shows nothing")
 	}
-	// storedSize overestimates a little, never under.
-	if got < int64(now.State.Bytes) || got > int64(now.State.Bytes)+1024 {
+	// storedSize overestimates a little per message (about 150 bytes),
+	// never under. How many messages the batches after the reading took
+	// depends on the publishes' pace: at low rates each event is its own.
+	slack := 256 * int64(now.State.LastSeq-info.State.LastSeq)
+	if got < int64(now.State.Bytes) || got > int64(now.State.Bytes)+slack {
 		t.Fatalf("the total says %d bytes, JetStream holds %d", got, now.State.Bytes)
 	}
 	// A later reading counts them itself: nothing is counted twice.
@@ -75,11 +78,11 @@ func TestPipelineWaitsAreNotStalls(t *testing.T) {
 	claim(t, str)
 	fields := []byte("data: " + strings.Repeat("f", 500) + "\n")
 	for i := 0; i < 5000; i++ {
-		if _, err := str.Append(context.Background(), fields, nil); err != nil {
+		if _, err := str.Append(context.Background(), buffer.Entry{Fields: fields}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := str.(*stream).WaitStored(); n != 5000 {
+	if n := waitStored(str); n != 5000 {
 		t.Fatalf("stored %d of 5000", n)
 	}
 	if n := st.counters.Stalls.Load(); n != 0 {
@@ -94,7 +97,7 @@ func TestPipelineWaitsAreNotStalls(t *testing.T) {
 	claim(t, full)
 	var failed error
 	for i := 0; i < 100 && failed == nil; i++ {
-		_, failed = full.Append(context.Background(), fields, nil)
+		_, failed = full.Append(context.Background(), buffer.Entry{Fields: fields})
 	}
 	if failed == nil || st.counters.Stalls.Load() == 0 {
 		t.Fatalf("a full log: %v, %d stalls", failed, st.counters.Stalls.Load())
@@ -131,7 +134,7 @@ func TestABatchIsNeverCountedTwice(t *testing.T) {
 					return
 				default:
 				}
-				if _, err := str.Append(wctx, fields, nil); err != nil {
+				if _, err := str.Append(wctx, buffer.Entry{Fields: fields}); err != nil {
 					if wctx.Err() == nil {
 						t.Error(err)
 					}
@@ -186,7 +189,7 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
 	claim(t, str)
 	appendEvents(t, str, 1, 200)
-	str.(*stream).WaitStored()
+	waitStored(str)
 	// The zone has been busy: the events stream's sequence is well along.
 	for i := 0; i < 5000; i++ {
 		if _, err := a.js.PublishAsync(a.names.evPrefix+"busy", nil); err != nil {
@@ -197,7 +200,7 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 	a.events.Purge(context.Background(), jetstream.WithPurgeSubject(a.names.evPrefix+"busy"))
 	a.total.refresh(a) // a reading: seen = its last
 	appendEvents(t, str, 201, 260)
-	str.(*stream).WaitStored()
+	waitStored(str)
 	a.total.mu.Lock()
 	recentN, seen := len(a.total.recent), a.total.seen
 	var recentBytes int64
@@ -223,7 +226,7 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 	str2, _ := s2.NewStream([]string{"1"}, [32]byte{2})
 	claim(t, str2)
 	appendEvents(t, str2, 1, 20)
-	str2.(*stream).WaitStored()
+	waitStored(str2)
 	info, err := a.events.Info(ctx)
 	if err != nil {
 		t.Fatal(err)

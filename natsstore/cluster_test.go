@@ -37,7 +37,7 @@ func TestClusterLosesLeader(t *testing.T) {
 	killAt := make(chan struct{})
 	go func() {
 		for seq := uint64(1); seq <= total; seq++ {
-			got, err := str.Append(context.Background(), []byte(fmt.Sprintf("data: event %d\n", seq)), nil)
+			got, err := str.Append(context.Background(), buffer.Entry{Fields: []byte(fmt.Sprintf("data: event %d\n", seq))})
 			if err != nil || got != seq {
 				appended <- fmt.Errorf("append %d: %d %v", seq, got, err)
 				return

@@ -37,14 +37,14 @@ func openEmbedded(t testing.TB, lim buffer.Limits, mod ...func(*Options)) *Store
 
 // The JetStream store keeps the contract the memory store keeps.
 func TestStoreContract(t *testing.T) {
-	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Store { return openEmbedded(t, lim) })
+	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Backend { return openEmbedded(t, lim) })
 }
 
 // The contract holds on a NATS server with its default options
 // (max_payload 1 MiB), events of several MiB (LargeEvents) included: an
 // event larger than a message is stored in parts.
 func TestStoreContractStockServer(t *testing.T) {
-	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Store {
+	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Backend {
 		ns := testnet.StockNATS(t)
 		st := openStore(t, Options{URLs: []string{ns.ClientURL()}, Limits: lim})
 		if mp := st.maxPayload; mp != 1<<20 {

@@ -9,9 +9,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Available reports whether the store can take writes now: the caller (the
-// Caddy glue) refuses new sessions and streams with 503 while it cannot,
-// before their requests reach the upstream. A live connection is not
+// Available implements buffer.Availability: whether the store can take
+// writes now. The caller (the resume engine) refuses new sessions and
+// streams with 503 while it cannot, before their requests reach the
+// upstream. A live connection is not
 // enough: a cluster that lost its quorum keeps the connection up and
 // stores nothing, so the last probe write must have been stored too.
 func (st *Store) Available() error {

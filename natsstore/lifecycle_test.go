@@ -30,7 +30,7 @@ func TestRestartKeepsTheZone(t *testing.T) {
 	g := s.Standalone()
 	p := claim(t, g)
 	appendEvents(t, g, 1, 2)
-	g.SetUpstreamCursor("up-2")
+	g.NoteUpstream("up-2") // recorded as the producer lets go
 	p.Done()
 	gone, _ := st.CreateSession("gone", buffer.SessionMeta{})
 	gone.NewStream([]string{"1"}, [32]byte{1})
@@ -89,7 +89,7 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 	str, _ := sa.NewStream([]string{"1", `"two"`}, [32]byte{1})
 	claim(t, str)
 	appendEvents(t, str, 1, 3)
-	if _, err := str.Append(context.Background(), []byte("data: event 4\n"), []string{"1"}); err != nil {
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: event 4\n"), Answers: []string{"1"}}); err != nil {
 		t.Fatal(err)
 	}
 	str.(*stream).currentWriter().waitStored(10 * time.Second)

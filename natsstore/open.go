@@ -73,7 +73,11 @@ type Store struct {
 	}
 }
 
-var _ buffer.Store = (*Store)(nil)
+var (
+	_ buffer.Backend       = (*Store)(nil)
+	_ buffer.Availability  = (*Store)(nil)
+	_ buffer.BatchAppender = (*stream)(nil)
+)
 
 // names are the zone's JetStream names.
 type names struct {
@@ -478,7 +482,7 @@ func (st *Store) handleList() []*session {
 	return slices.Collect(maps.Values(st.handles))
 }
 
-// Counters implements buffer.Store: this replica's counts.
+// Counters implements buffer.Inspector: this replica's counts.
 func (st *Store) Counters() *buffer.Counters { return &st.counters }
 
 // Key implements buffer.Store: the zone secret, the same on every replica.

@@ -1,4 +1,5 @@
-// Package natsstore implements buffer.Store on NATS JetStream, so several
+// Package natsstore implements buffer.Backend (and buffer.Availability) on
+// NATS JetStream, so several
 // Caddy replicas share every session, stream and retained event, and a
 // restart or a rolling deploy loses nothing. DESIGN.md describes where each
 // piece of state lives and why.
@@ -9,6 +10,18 @@
 // stored in one JetStream stream, one message per batch of consecutive
 // events, and readers read them from JetStream only: a client never sees an
 // event the store has not accepted.
+//
+// Files: options.go (Options), open.go (Open, Close, the Store), store.go
+// (sessions: create, look up, delete; the Inspector's reads), session.go
+// and stream.go (this replica's handles), writer.go (a stream's producer:
+// batches, publishing, the record's sync), budget.go (the bounds and
+// backpressure), publish.go (messages and the one publish path), locate.go
+// (what a message's headers say; finding an event), reader.go (a client's
+// reader), upstream.go (the upstream cursor), evict.go, sweep.go (the
+// zone's sweeper: eviction, idle expiry, dead producers), leases.go,
+// mirror.go and records.go (the KV records and their local copies),
+// health.go (Available and its probe), recover.go (recreating a zone whose
+// data NATS lost), retry.go, signals.go, embedded.go.
 package natsstore
 
 import (

@@ -145,7 +145,7 @@ func TestALeaseTakenAgainGoesWithItsStream(t *testing.T) {
 	p := claim(t, str)
 	key := str.(*stream).key
 	link.cut()
-	go str.Append(context.Background(), []byte("data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"), []string{"1"})
+	go str.Append(context.Background(), buffer.Entry{Fields: []byte("data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n"), Answers: []string{"1"}})
 	sb := sessionOn(t, b, "leak")
 	waitUntil(t, "B's sweeper to fail the stream", 40*time.Second, func() bool {
 		s2, ok := sb.Stream(str.Num())

@@ -53,7 +53,7 @@ func TestEventsAroundThePartSize(t *testing.T) {
 		if len(framed) != n {
 			t.Fatalf("framed %d, want %d", len(framed), n)
 		}
-		got, err := str.Append(context.Background(), fields, nil)
+		got, err := str.Append(context.Background(), buffer.Entry{Fields: fields})
 		if err != nil || got != seq {
 			t.Fatalf("append %d (%d bytes): %d %v", seq, n, got, err)
 		}
@@ -239,7 +239,7 @@ func TestAReaderOnAnotherReplicaWaitsForTheLastPart(t *testing.T) {
 			}
 			got <- bt
 		}()
-		if _, err := str.Append(context.Background(), fields, nil); err != nil {
+		if _, err := str.Append(context.Background(), buffer.Entry{Fields: fields}); err != nil {
 			t.Fatal(err)
 		}
 		bt := <-got

@@ -156,13 +156,18 @@ func (s *stream) TakeProducer(ctx context.Context) (buffer.Producer, error) {
 // producerDone ends this replica's production of the stream. The
 // standalone stream's lease goes once what the producer appended is
 // stored, so a reader that sees the lease gone and the subject read to
-// its end has everything.
+// its end has everything, and the next producer finds the upstream cursor
+// of exactly that (a note no batch carried is recorded first).
 func (s *stream) producerDone() {
 	s.producing.Store(false)
+	w := s.currentWriter()
+	if s.kind == policy.StandaloneStream && w != nil {
+		w.waitStored(s.sess.st.endTimeout())
+	}
+	if w != nil {
+		w.recordNote() // before the lease goes: the next producer resumes from it
+	}
 	if s.kind == policy.StandaloneStream {
-		if w := s.currentWriter(); w != nil {
-			w.waitStored(s.sess.st.endTimeout())
-		}
 		s.sess.st.release(s.key)
 	}
 	s.changed.fire()

@@ -27,8 +27,11 @@ func appendFramed(dst []byte, epoch string, num uint32, seq uint64, fields []byt
 }
 
 // endMarker is the empty message that ends a stream at head.
-func endMarker(subject string, head uint64, off int64, state policy.StreamState, reason policy.Reason) *nats.Msg {
+func endMarker(subject string, head uint64, off int64, state policy.StreamState, reason policy.Reason, upstream string) *nats.Msg {
 	msg := nats.NewMsg(subject)
+	if upstream != "" {
+		msg.Header.Set(hdrUpstream, upstream) // the cursor as of head: it must not hide the last batch's
+	}
 	msg.Header.Set(hdrFirst, strconv.FormatUint(head+1, 10))
 	msg.Header.Set(hdrOff, strconv.FormatInt(off, 10))
 	if state == policy.Complete {

@@ -85,7 +85,7 @@ func tryClaim(str buffer.Stream) buffer.Producer {
 func appendEvents(t testing.TB, str buffer.Stream, from, to uint64) {
 	t.Helper()
 	for seq := from; seq <= to; seq++ {
-		got, err := str.Append(context.Background(), []byte(fmt.Sprintf("data: event %d\n", seq)), nil)
+		got, err := str.Append(context.Background(), buffer.Entry{Fields: []byte(fmt.Sprintf("data: event %d\n", seq))})
 		if err != nil || got != seq {
 			t.Fatalf("append %d: %d %v", seq, got, err)
 		}
@@ -260,7 +260,7 @@ func TestDeleteAcrossReplicas(t *testing.T) {
 	if tomb, ok := b.Tombstone("sess"); !ok || tomb.Reason != policy.ReasonDeleted {
 		t.Fatalf("B's tombstone %+v %v", tomb, ok)
 	}
-	if _, err := str.Append(context.Background(), []byte("data: late\n"), nil); !errors.Is(err, buffer.ErrStreamEnded) {
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: late\n")}); !errors.Is(err, buffer.ErrStreamEnded) {
 		t.Fatalf("append on A after the delete: %v", err)
 	}
 }
@@ -317,7 +317,7 @@ func TestBackpressureAcrossReplicas(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		for seq := uint64(1); seq <= n; seq++ {
-			if _, err := str.Append(context.Background(), append(append([]byte("data: "), big...), '\n'), nil); err != nil {
+			if _, err := str.Append(context.Background(), buffer.Entry{Fields: append(append([]byte("data: "), big...), '\n')}); err != nil {
 				done <- fmt.Errorf("append %d: %w", seq, err)
 				return
 			}
@@ -354,7 +354,7 @@ func TestBackpressureAcrossReplicas(t *testing.T) {
 	for seq := uint64(n + 1); blocked == nil; seq++ {
 		ch := make(chan error, 1)
 		go func() {
-			_, err := str.Append(context.Background(), append(append([]byte("data: "), big...), '\n'), nil)
+			_, err := str.Append(context.Background(), buffer.Entry{Fields: append(append([]byte("data: "), big...), '\n')})
 			ch <- err
 		}()
 		select {

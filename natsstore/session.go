@@ -280,7 +280,7 @@ func (s *session) Touch() {
 	}
 }
 
-func (s *session) Info() buffer.SessionInfo {
+func (s *session) info() buffer.SessionInfo {
 	if r, ok := s.record(); ok {
 		return s.st.sessionInfo(r)
 	}

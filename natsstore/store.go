@@ -359,7 +359,16 @@ func (st *Store) dropTombstones(ctx context.Context) {
 	}
 }
 
-// Sessions implements buffer.Store: the zone's sessions.
+// SessionInfo implements buffer.Inspector.
+func (st *Store) SessionInfo(id string) (buffer.SessionInfo, bool) {
+	s, ok := st.Session(id)
+	if !ok {
+		return buffer.SessionInfo{}, false
+	}
+	return s.(*session).info(), true
+}
+
+// Sessions implements buffer.Inspector: the zone's sessions.
 func (st *Store) Sessions() []buffer.SessionInfo {
 	var out []buffer.SessionInfo
 	st.sessions.each(func(_ string, r *sessionRecord, _ uint64) {
@@ -369,7 +378,7 @@ func (st *Store) Sessions() []buffer.SessionInfo {
 	return out
 }
 
-// Stats implements buffer.Store. Sessions, streams, retained bytes,
+// Stats implements buffer.Inspector. Sessions, streams, retained bytes,
 // connections and tombstones are the zone's (the same on every replica);
 // Producing, Detached and StalledStreams are this replica's, since each
 // replica reports the upstream reads it does itself.

@@ -182,12 +182,27 @@ func (s *stream) Connected() bool {
 
 // ---- producer --------------------------------------------------------------
 
-func (s *stream) Append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
+func (s *stream) Append(ctx context.Context, e buffer.Entry) (uint64, error) {
 	w, err := s.writer()
 	if err != nil {
 		return 0, err
 	}
-	return w.append(ctx, fields, answers)
+	es := [1]buffer.Entry{e}
+	last, _, err := w.append(ctx, es[:])
+	return last, err
+}
+
+// AppendBatch implements buffer.BatchAppender: the entries that fit go into
+// the open batch under one hold of the writer's lock.
+func (s *stream) AppendBatch(ctx context.Context, entries []buffer.Entry) (uint64, int, error) {
+	if len(entries) == 0 {
+		return 0, 0, nil
+	}
+	w, err := s.writer()
+	if err != nil {
+		return 0, 0, err
+	}
+	return w.append(ctx, entries)
 }
 
 func (s *stream) Complete() {
@@ -432,6 +447,7 @@ func (s *stream) leave() {
 	}
 	if w != nil {
 		w.waitStored(st.endTimeout())
+		w.recordNote()
 	}
 	s.producing.Store(false)
 	st.release(s.key)

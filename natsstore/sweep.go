@@ -214,7 +214,7 @@ func (st *Store) failOrphan(key string) {
 	// Counted before the record says so: whoever reads the end sees it.
 	st.counters.AddFailed(policy.ReasonUpstreamFailed)
 	st.recordEnd(key, policy.Failed, policy.ReasonUpstreamFailed, head, off, expect, answered)
-	st.publishAfter(endMarker(subject, head, off, policy.Failed, policy.ReasonUpstreamFailed), key+".end", expect, noAbort, nil)
+	st.publishAfter(endMarker(subject, head, off, policy.Failed, policy.ReasonUpstreamFailed, ""), key+".end", expect, noAbort, nil)
 	if h := st.opts.Hooks.StreamFailed; h != nil {
 		sh, _, _ := strings.Cut(inc, ".")
 		if r, _, ok := st.sessions.get(sh); ok {

@@ -44,11 +44,14 @@ type writer struct {
 	stopErr   error // the session ended or the store closes: stop publishing
 	err       error // the writer can store nothing more
 	answers   map[string]uint64
-	upstream  string // the upstream cursor as of the last event appended
-	nextUp    string // the cursor once the next event is appended (NextUpstream)
-	synced    int64  // headOff last written to the record
-	syncedAt  time.Time
-	room      signal // a batch was taken or stored, or the writer stopped
+	upstream  string // the upstream cursor as of the last event appended (or note)
+	// unnoted: a note (NoteUpstream) came when no open batch could carry
+	// it, at head notedAt; the next batch carries it, or recordNote does.
+	unnoted  bool
+	notedAt  uint64
+	synced   int64 // headOff last written to the record
+	syncedAt time.Time
+	room     signal // a batch was taken or stored, or the writer stopped
 
 	others othersCache
 }
@@ -129,26 +132,34 @@ func (w *writer) usableLocked() error {
 	return nil
 }
 
-// append implements Stream.Append: see budget.go for when it blocks.
-func (w *writer) append(ctx context.Context, fields []byte, answers []string) (uint64, error) {
+// append implements Stream.Append and AppendBatch: see budget.go for when
+// it blocks. Each entry's stall is its own, as if appended alone.
+func (w *writer) append(ctx context.Context, es []buffer.Entry) (last uint64, n int, err error) {
 	var blocked stallClock
-	defer blocked.stop(w)
-	for {
-		seq, wait, err := w.tryAppend(fields, answers, &blocked)
+	defer func() { blocked.stop(w) }()
+	for n < len(es) {
+		seq, added, wait, err := w.tryAppend(es[n:], &blocked)
 		if wait == nil {
-			if err == nil {
-				w.st.counters.EventsEnqueued.Add(1)
+			if err != nil {
+				return last, n, err
 			}
-			return seq, err
+			w.st.counters.EventsEnqueued.Add(uint64(added))
+			last, n = seq, n+added
+			blocked.stop(w)
+			blocked = stallClock{}
+			continue
 		}
 		if err := wait(ctx); err != nil {
-			return 0, err
+			return last, n, err
 		}
 	}
+	return last, n, nil
 }
 
-// addLocked frames an event as the next seq into the open batch.
-func (w *writer) addLocked(fields []byte, answers []string) uint64 {
+// addLocked frames an event as the next seq into the open batch, which
+// carries the upstream cursor as of it.
+func (w *writer) addLocked(e buffer.Entry) uint64 {
+	fields, answers := e.Fields, e.Answers
 	n := w.framedLen(len(fields))
 	b := &w.open
 	seq := w.head + 1
@@ -169,9 +180,10 @@ func (w *writer) addLocked(fields []byte, answers []string) uint64 {
 			}
 		}
 	}
-	if w.nextUp != "" {
-		w.upstream, w.nextUp = w.nextUp, ""
+	if e.Upstream != "" {
+		w.upstream = e.Upstream
 	}
+	w.unnoted = false // this batch carries any note before it
 	b.upstream = w.upstream
 	b.ups = append(b.ups, w.upstream)
 	w.head, w.headOff = seq, w.headOff+int64(n)
@@ -424,7 +436,7 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 		return false
 	}
 	for _, sig := range signals {
-		w.addLocked(sig.Fields, sig.Answers)
+		w.addLocked(buffer.Entry{Fields: sig.Fields, Answers: sig.Answers})
 		st.counters.EventsEnqueued.Add(1)
 	}
 	w.ending = true
@@ -435,12 +447,16 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 	w.mu.Lock()
 	failed := w.err != nil
 	head, off, expect := w.stored, w.storedOff, w.lastMsg
+	var upstream string // the cursor as of head, if every event appended is stored
+	if w.stored == w.head {
+		upstream = w.upstream
+	}
 	w.mu.Unlock()
 	if !failed {
 		// The record first: readers on every replica end by it (after the
 		// head), so the marker that follows only ends them sooner.
 		w.recordEnd(state, reason, head, off, expect)
-		msg := endMarker(s.subject, head, off, state, reason)
+		msg := endMarker(s.subject, head, off, state, reason, upstream)
 		if seq, err := st.publishAfter(msg, s.key+".end", expect, func() error { return nil }, w.emptied); err == nil {
 			w.mu.Lock()
 			w.lastMsg = seq
@@ -471,10 +487,51 @@ func (w *writer) signal(signals []buffer.Signal) bool {
 		return false
 	}
 	for _, sig := range signals {
-		w.addLocked(sig.Fields, sig.Answers)
+		w.addLocked(buffer.Entry{Fields: sig.Fields, Answers: sig.Answers})
 		w.st.counters.EventsEnqueued.Add(1)
 	}
 	return true
+}
+
+// note implements Stream.NoteUpstream: the open batch carries the cursor
+// as of its last event, so a note rides with it; with none open, the note
+// waits for the next batch or recordNote.
+func (w *writer) note(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.upstream = id
+	if b := &w.open; len(b.lens) > 0 {
+		b.upstream = id
+		b.ups[len(b.ups)-1] = id
+		return
+	}
+	w.unnoted, w.notedAt = true, w.head
+}
+
+// recordNote writes a note no batch carries into the stream record, once
+// everything before it is stored: the producer lets go of the stream, and
+// the next one (on any replica) must resume the upstream after it.
+func (w *writer) recordNote() {
+	w.mu.Lock()
+	id, at := w.upstream, w.notedAt
+	due := w.unnoted && w.err == nil && w.stored >= at
+	w.unnoted = w.unnoted && !due
+	w.mu.Unlock()
+	if !due {
+		return
+	}
+	ctx, cancel := w.st.opCtx()
+	defer cancel()
+	_, err := w.st.streams.update(ctx, w.s.key, func(r *streamRecord) error {
+		if r.Upstream == id && r.UpstreamAt == at {
+			return errUnchanged
+		}
+		r.Upstream, r.UpstreamAt = id, at
+		return nil
+	})
+	if err != nil && !errors.Is(err, errNotFound) {
+		w.st.fault("stream", err)
+	}
 }
 
 // ---- what the rest of the store asks of a writer (nil-safe) ----------------

@@ -62,12 +62,14 @@ var (
 )
 
 // StoreView is one store as the collectors see it at scrape time: its
-// zone's name, the store (nil while it is not open) and whether it is
-// shared (only a shared store has store_up).
+// zone's name, the store's operator reads (nil while it is not open),
+// whether it is shared (only a shared store has store_up) and whether it
+// takes new work now (Runtime.Unavailable).
 type StoreView struct {
 	Zone   string
-	Store  buffer.Store
+	Store  buffer.Inspector
 	Shared bool
+	Up     bool
 }
 
 // storeCollector reads the live stores' counters and gauges at scrape time.
@@ -109,7 +111,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, v := range views {
 		if v.Shared {
 			up := 0.0
-			if v.Store != nil && available(v.Store) == nil {
+			if v.Store != nil && v.Up {
 				up = 1
 			}
 			ch <- prometheus.MustNewConstMetric(descStoreUp, prometheus.GaugeValue, up, v.Zone)

@@ -22,7 +22,7 @@ import (
 type Runtime struct {
 	// store is set once, before ready closes; meanwhile requests that need
 	// it wait a few seconds, then get 503.
-	store   buffer.Store
+	store   buffer.Backend
 	ready   chan struct{}
 	setOnce sync.Once
 
@@ -43,7 +43,7 @@ type Runtime struct {
 
 // NewRuntime returns a runtime on st, or, with st nil, one whose store
 // comes later (SetStore).
-func NewRuntime(st buffer.Store) *Runtime {
+func NewRuntime(st buffer.Backend) *Runtime {
 	rt := &Runtime{ready: make(chan struct{})}
 	rt.stopCtx, rt.stop = context.WithCancel(context.Background())
 	rt.drainCtx, rt.drained = context.WithCancel(rt.stopCtx)
@@ -54,7 +54,7 @@ func NewRuntime(st buffer.Store) *Runtime {
 }
 
 // SetStore gives the runtime its store, once; later calls are ignored.
-func (rt *Runtime) SetStore(st buffer.Store) {
+func (rt *Runtime) SetStore(st buffer.Backend) {
 	rt.setOnce.Do(func() {
 		rt.store = st
 		close(rt.ready)
@@ -62,7 +62,7 @@ func (rt *Runtime) SetStore(st buffer.Store) {
 }
 
 // Store returns the store, and false while it is not set.
-func (rt *Runtime) Store() (buffer.Store, bool) {
+func (rt *Runtime) Store() (buffer.Backend, bool) {
 	select {
 	case <-rt.ready:
 		return rt.store, true
@@ -73,7 +73,7 @@ func (rt *Runtime) Store() (buffer.Store, bool) {
 
 // Wait returns the store once it is set, or false if it is not within a
 // few seconds (a shared store that cannot connect) or ctx ends.
-func (rt *Runtime) Wait(ctx context.Context) (buffer.Store, bool) {
+func (rt *Runtime) Wait(ctx context.Context) (buffer.Backend, bool) {
 	if st, ok := rt.Store(); ok {
 		return st, true
 	}
@@ -98,7 +98,7 @@ func (rt *Runtime) Unavailable() error {
 	if !ok {
 		return errNotConnected
 	}
-	return available(st)
+	return buffer.Available(st)
 }
 
 type runtimeError string
@@ -180,14 +180,6 @@ func StoreHooks(log func() *zap.Logger) buffer.Hooks {
 				zap.String("session", session))
 		},
 	}
-}
-
-// available says why a store cannot take new sessions now, or nil.
-func available(st buffer.Store) error {
-	if a, ok := st.(interface{ Available() error }); ok {
-		return a.Available()
-	}
-	return nil
 }
 
 // refuseNew is the runtime's admission of new work: it answers 503 to a

@@ -57,7 +57,6 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 	defer t.close()
 	defer context.AfterFunc(h.rt.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
 	t.lastID = stream.UpstreamCursor()
-	t.startID = t.lastID
 	answerNow := gap || rd.Next() <= stream.View().Head
 	var out http.ResponseWriter = h.sessionWatch(w, sess.ID())
 	start := func(http.Header) bool {

@@ -38,7 +38,11 @@ var errTooLarge = errors.New("upstream event exceeds max_event_bytes")
 // routine that taps: it owns the producer role, the detached context tied to
 // the session's end, the relay goroutine of the first response, recovery
 // from reverse_proxy's aborts, the upstream's cursor, and the one mapping
-// from what went wrong to a failure reason.
+// from what went wrong to a failure reason. The upstream cursor it keeps
+// (lastID) is its own read position, for its own reconnects; the one a
+// successor resumes from is the store's (Stream.UpstreamCursor), which
+// moves with what is stored: each entry carries its upstream ID, and an ID
+// on nothing stored is a note (passed).
 type upstreamTap struct {
 	h      *Engine
 	next   Next
@@ -53,26 +57,22 @@ type upstreamTap struct {
 	prod    buffer.Producer // the tap's role on stream: Done once its upstream response is closed
 	version string
 
-	// The upstream's own cursor on this stream, never shown to clients.
+	// The upstream's own cursor as this tap read it, never shown to clients.
 	lastID string
 	retry  time.Duration
-	recent []taken // the last upstream IDs taken, oldest first
+	recent []taken // the last upstream IDs taken, oldest first: the repeat filter's
 	// conn numbers the upstream responses of the tap (its attempts);
 	// resumed says the current one answers a request that carried the
 	// upstream's Last-Event-ID: only such a replay can repeat an event.
 	conn    int
 	resumed bool
-	// startID is the cursor the tap started from; lastSeq the last event
-	// it appended.
-	startID string
-	lastSeq uint64
 
 	parser sse.Parser
 	// The events of one upstream write, appended together when it has been
 	// parsed: fields alias the write's bytes (an event that came as it is
 	// stored) or framed, which holds the others back to back.
 	batch    []buffer.Entry
-	batchIDs []upstreamID // the upstream's ids of batch, taken once the batch is in
+	batchIDs []upstreamID // the upstream's ids of batch with their sums, taken once the batch is in
 	framed   []byte
 	pending  []string // request ids (canonical) still without an answer, in request order
 	progress bool     // the current attempt brought something new (an event, or a new upstream cursor)
@@ -132,7 +132,6 @@ func (t *upstreamTap) produce(stream buffer.Stream, p buffer.Producer) {
 // a successor waits for.
 func (t *upstreamTap) close() {
 	if t.prod != nil {
-		t.stream.SetUpstreamCursor(t.storedCursor()) // before the role goes: the next producer resumes from it
 		if t.stream.Kind() == policy.StandaloneStream && t.ctx.Err() != nil {
 			t.h.rt.closedGETs.closed(t.sess.ID()) // by the proxy: the upstream notices a moment later
 		}
@@ -222,7 +221,7 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		if err := t.flush(); err != nil {
 			return err
 		}
-		t.took(upstreamID{ev.ID, ev.HasID, sum}, t.lastSeq)
+		t.passed(upstreamID{ev.ID, ev.HasID, sum})
 		return nil
 	}
 	// Stored without the upstream's id and retry (the proxy follows the
@@ -248,20 +247,16 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 		}
 		// The stream fails with this event reported lost, so the cursor
 		// moves past it: asked for again, it would fail every later GET.
-		t.took(upstreamID{ev.ID, ev.HasID, sum}, t.lastSeq)
+		t.passed(upstreamID{ev.ID, ev.HasID, sum})
 		return errTooLarge
 	}
-	t.batch = append(t.batch, buffer.Entry{Fields: fields, Answers: t.answers(ev.Data)})
+	t.batch = append(t.batch, buffer.Entry{Fields: fields, Answers: t.answers(ev.Data), Upstream: ev.ID})
 	t.batchIDs = append(t.batchIDs, upstreamID{ev.ID, ev.HasID, sum})
 	if len(t.batch) == maxBatch {
 		return t.flush()
 	}
 	return nil
 }
-
-// upstreamNoter is a stream (a shared store's) that stores the upstream
-// cursor with the events, so that a producer that dies leaves it exact.
-type upstreamNoter interface{ NextUpstream(id string) }
 
 // maxBatch bounds the events appended in one step.
 const maxBatch = 64
@@ -272,25 +267,7 @@ func (t *upstreamTap) flush() error {
 	if len(t.batch) == 0 {
 		return nil
 	}
-	var last uint64
-	var n int
-	var err error
-	if ba, ok := t.stream.(buffer.BatchAppender); ok {
-		last, n, err = ba.AppendBatch(t.ctx, t.batch)
-	} else {
-		noter, _ := t.stream.(upstreamNoter)
-		for n < len(t.batch) {
-			if id := t.batchIDs[n]; noter != nil && id.has {
-				noter.NextUpstream(id.id)
-			}
-			var seq uint64
-			if seq, err = t.stream.Append(t.ctx, t.batch[n].Fields, t.batch[n].Answers); err != nil {
-				break
-			}
-			last = seq
-			n++
-		}
-	}
+	last, n, err := buffer.AppendBatch(t.ctx, t.stream, t.batch)
 	if c := t.h.logger.Check(zap.DebugLevel, "event appended"); c != nil {
 		for i, e := range t.batch[:min(n+1, len(t.batch))] {
 			seq, ierr := last-uint64(n-1-i), error(nil)
@@ -301,8 +278,8 @@ func (t *upstreamTap) flush() error {
 				zap.Uint64("seq", seq), zap.Int("bytes", len(e.Fields)), zap.Strings("answers", e.Answers), zap.Error(ierr))
 		}
 	}
-	for i, id := range t.batchIDs[:n] {
-		t.took(id, last-uint64(n-1-i))
+	for _, id := range t.batchIDs[:n] {
+		t.took(id)
 		t.resumable = t.resumable || id.has
 	}
 	for _, e := range t.batch[n:] {
@@ -319,13 +296,12 @@ func (t *upstreamTap) flush() error {
 	return err
 }
 
-// took records that the stream has an upstream event, up to seq: its ID
-// becomes the cursor the next upstream request resumes from. Only then: an
-// event whose append failed (a drain or a session end cut it short) must
-// be asked for again.
-func (t *upstreamTap) took(id upstreamID, seq uint64) {
+// took records that the stream has an upstream event: its ID becomes the
+// cursor the tap's next upstream request resumes from. Only then: an event
+// whose append failed (a drain or a session end cut it short) must be
+// asked for again. The store moved its own cursor with the append.
+func (t *upstreamTap) took(id upstreamID) {
 	t.progress = true
-	t.lastSeq = max(t.lastSeq, seq)
 	if !id.has {
 		return
 	}
@@ -333,7 +309,17 @@ func (t *upstreamTap) took(id upstreamID, seq uint64) {
 	if len(t.recent) == recentUpstream {
 		t.recent = append(t.recent[:0], t.recent[1:]...)
 	}
-	t.recent = append(t.recent, taken{id: id.id, seq: seq, sum: id.sum, conn: t.conn})
+	t.recent = append(t.recent, taken{id: id.id, sum: id.sum, conn: t.conn})
+}
+
+// passed moves the cursor past an upstream event that is not stored (a
+// priming or close event, one too large to keep), once what came before it
+// is in: the store notes it, so a successor does not ask for it again.
+func (t *upstreamTap) passed(id upstreamID) {
+	if id.has && id.id != "" {
+		t.stream.NoteUpstream(id.id)
+	}
+	t.took(id)
 }
 
 // upstreamID is an upstream event's id field, if it had one, and the sum
@@ -344,11 +330,10 @@ type upstreamID struct {
 	sum uint64
 }
 
-// taken is an upstream event ID the stream has, up to its seq, with the
-// sum of its content and the upstream response it came in.
+// taken is an upstream event ID the stream has, with the sum of its
+// content and the upstream response it came in.
 type taken struct {
 	id   string
-	seq  uint64
 	sum  uint64
 	conn int
 }
@@ -389,27 +374,6 @@ func eventSum(ev *sse.Event) uint64 {
 		h.Write(ev.Data)
 	}
 	return h.Sum64()
-}
-
-// storedCursor is the upstream cursor of the last event the store holds for
-// good. A shared store takes appends before JetStream stored them: if some
-// never are (NATS refused them until the process stopped), the next
-// producer must ask the upstream for them again, not resume after them.
-func (t *upstreamTap) storedCursor() string {
-	d, ok := t.stream.(interface{ WaitStored() uint64 })
-	if !ok || t.stream.Num() != policy.StandaloneNum {
-		return t.lastID // a request stream is never resumed upstream by another producer
-	}
-	stored := d.WaitStored()
-	if stored >= t.lastSeq {
-		return t.lastID
-	}
-	for i := len(t.recent) - 1; i >= 0; i-- {
-		if t.recent[i].seq <= stored {
-			return t.recent[i].id
-		}
-	}
-	return t.startID
 }
 
 // answers returns the pending request ids that data answers, and forgets

@@ -496,6 +496,59 @@ func TestTapFollowsTheStandaloneStream(t *testing.T) {
 	}
 }
 
+// A standalone tap that ends leaves its upstream cursor in the store, an
+// ID on nothing stored (a close event) included, and the next upstream GET,
+// a new tap's, resumes from it.
+func TestStandaloneHandsTheStoredCursorOn(t *testing.T) {
+	h := testHandler(t)
+	sess := newSession(t, h, "2025-11-25")
+	notice := func(id string, n int) string {
+		return fmt.Sprintf("id: %s\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"data\":%d}}\n\n", id, n)
+	}
+	up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
+		sseStep("eof", notice("_1", 1), "id: _2\ndata: \n\n"),
+		statusStep(http.StatusMethodNotAllowed), // the tap's reconnect is refused: it ends
+		sseStep("hang", notice("_3", 3)),
+	}}
+	get := func(ctx context.Context) (*httptest.ResponseRecorder, chan error) {
+		g := httptest.NewRequest("GET", "/mcp", nil).WithContext(ctx)
+		g.Header.Set("Accept", "text/event-stream")
+		g.Header.Set(hdrSessionID, "sess-1")
+		g.Header.Set("Authorization", "Bearer x")
+		w := httptest.NewRecorder()
+		done := make(chan error, 1)
+		go func() { done <- h.ServeHTTP(w, g, up) }()
+		return w, done
+	}
+	_, done := get(context.Background())
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first standalone GET did not end when its tap did")
+	}
+	st := sess.Standalone()
+	if c, head := st.UpstreamCursor(), st.View().Head; c != "_2" || head != 1 {
+		t.Fatalf("after the tap: cursor %q, head %d; want _2, 1", c, head)
+	}
+	ctx, leave := context.WithCancel(context.Background())
+	_, done = get(ctx)
+	deadline := time.Now().Add(10 * time.Second)
+	for st.View().Head < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	leave()
+	h.rt.store.Delete("sess-1", policy.ReasonDeleted) // ends the producer
+	<-done
+	reqs := up.requests()
+	if len(reqs) != 3 || reqs[1].Header.Get(hdrLastEventID) != "_2" || reqs[2].Header.Get(hdrLastEventID) != "_2" {
+		var ids []string
+		for _, r := range reqs {
+			ids = append(ids, r.Header.Get(hdrLastEventID))
+		}
+		t.Fatalf("%d upstream requests, Last-Event-IDs %q; want 3, the last two _2", len(reqs), ids)
+	}
+}
+
 // The failure signal is in the log: a client that resumes after the
 // failure gets it like any event, and then 204.
 func TestFailureSignalIsResumable(t *testing.T) {
@@ -588,18 +641,20 @@ func TestTapFlushWithoutBatchAppender(t *testing.T) {
 		t.Fatal(err)
 	}
 	tap := &upstreamTap{h: h, sess: s, stream: onlyAppend{str}, ctx: context.Background()}
-	tap.batch = []buffer.Entry{{Fields: []byte("data: 1\n")}, {Fields: []byte("data: 2\n"), Answers: []string{`"a"`}}}
+	tap.batch = []buffer.Entry{{Fields: []byte("data: 1\n"), Upstream: "u1"}, {Fields: []byte("data: 2\n"), Answers: []string{`"a"`}, Upstream: "u2"}}
 	tap.batchIDs = []upstreamID{{"u1", true, 0}, {"u2", true, 0}}
-	if err := tap.flush(); err != nil || str.View().Head != 2 || len(tap.batch) != 0 || !tap.progress || tap.lastID != "u2" {
-		t.Fatalf("flush: %v, view %+v, batch %d, upstream cursor %q", err, str.View(), len(tap.batch), tap.lastID)
+	if err := tap.flush(); err != nil || str.View().Head != 2 || len(tap.batch) != 0 || !tap.progress || tap.lastID != "u2" ||
+		str.UpstreamCursor() != "u2" {
+		t.Fatalf("flush: %v, view %+v, batch %d, upstream cursor %q, stored %q", err, str.View(), len(tap.batch), tap.lastID, str.UpstreamCursor())
 	}
 	str.Complete()
-	tap.batch = []buffer.Entry{{Fields: []byte("data: 3\n"), Answers: []string{`"b"`}}}
+	tap.batch = []buffer.Entry{{Fields: []byte("data: 3\n"), Answers: []string{`"b"`}, Upstream: "u3"}}
 	tap.batchIDs = []upstreamID{{"u3", true, 0}}
 	// The upstream cursor stays before an event the stream did not take:
 	// the next upstream request must ask for it again.
-	if err := tap.flush(); err != buffer.ErrStreamEnded || len(tap.pending) != 1 || tap.pending[0] != `"b"` || tap.lastID != "u2" {
-		t.Fatalf("flush on an ended stream: %v, pending %q, upstream cursor %q", err, tap.pending, tap.lastID)
+	if err := tap.flush(); err != buffer.ErrStreamEnded || len(tap.pending) != 1 || tap.pending[0] != `"b"` || tap.lastID != "u2" ||
+		str.UpstreamCursor() != "u2" {
+		t.Fatalf("flush on an ended stream: %v, pending %q, upstream cursor %q, stored %q", err, tap.pending, tap.lastID, str.UpstreamCursor())
 	}
 }
 
@@ -635,10 +690,10 @@ func TestTapPassesThroughWhenAttachFails(t *testing.T) {
 }
 
 // attachFails is a store whose request streams cannot attach a client.
-type attachFails struct{ buffer.Store }
+type attachFails struct{ buffer.Backend }
 
 func (f attachFails) Session(id string) (buffer.Session, bool) {
-	s, ok := f.Store.Session(id)
+	s, ok := f.Backend.Session(id)
 	if !ok {
 		return nil, false
 	}
@@ -663,10 +718,10 @@ func (attachFailsStream) Attach(uint64) (buffer.Reader, error) {
 
 // standaloneAttachFails is a store whose created sessions' standalone
 // stream cannot attach a client (a shared store failing at that moment).
-type standaloneAttachFails struct{ buffer.Store }
+type standaloneAttachFails struct{ buffer.Backend }
 
 func (f standaloneAttachFails) CreateSession(id string, meta buffer.SessionMeta) (buffer.Session, error) {
-	s, err := f.Store.CreateSession(id, meta)
+	s, err := f.Backend.CreateSession(id, meta)
 	if err != nil {
 		return nil, err
 	}

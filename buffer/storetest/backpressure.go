@@ -147,7 +147,7 @@ func testBlockedAppendEnds(t *testing.T, e *env) {
 	str := MustStream(t, s)
 	n, _ := fill(t, str, bigSize, 100)
 	ctx, cancel := context.WithCancel(context.Background())
-	ch := Async(func() error { _, err := str.Append(ctx, Fields(Payload(9, bigSize)), nil); return err })
+	ch := Async(func() error { _, err := str.Append(ctx, buffer.Entry{Fields: Fields(Payload(9, bigSize))}); return err })
 	time.Sleep(50 * time.Millisecond)
 	cancel()
 	select {

@@ -121,12 +121,12 @@ func testAppendReadComplete(t *testing.T, e *env) {
 		t.Fatalf("fresh stream view %+v", v)
 	}
 	AppendN(t, str, 3, EvSize)
-	seq, err := str.Append(context.Background(), Fields(Payload(4, EvSize)), []string{"1"})
+	seq, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(Payload(4, EvSize)), Answers: []string{"1"}})
 	if err != nil || seq != 4 {
 		t.Fatalf("Append(answering 1) = %d, %v", seq, err)
 	}
 	MustAppend(t, str, Payload(5, EvSize))
-	if _, err := str.Append(context.Background(), Fields(Payload(6, EvSize)), []string{`"b"`, "1"}); err != nil {
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(Payload(6, EvSize)), Answers: []string{`"b"`, "1"}}); err != nil {
 		t.Fatal(err)
 	}
 	str.Complete()
@@ -135,7 +135,7 @@ func testAppendReadComplete(t *testing.T, e *env) {
 		v.Requests[0] != (policy.RequestView{ID: "1", AnsweredAt: 4}) || v.Requests[1] != (policy.RequestView{ID: `"b"`, AnsweredAt: 6}) {
 		t.Fatalf("view after complete %+v (a later answer must not move an earlier one)", v)
 	}
-	if _, err := str.Append(context.Background(), Fields(Payload(7, EvSize)), nil); !errors.Is(err, buffer.ErrStreamEnded) {
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(Payload(7, EvSize))}); !errors.Is(err, buffer.ErrStreamEnded) {
 		t.Fatalf("Append after Complete: %v, want ErrStreamEnded", err)
 	}
 	r, err := str.Attach(1)
@@ -176,7 +176,7 @@ func testFraming(t *testing.T, e *env) {
 	st := e.store(BigLimits())
 	s := MustSession(t, st, "s.1*>") // IDs may hold what NATS subjects cannot
 	str := MustStream(t, s)
-	if _, err := str.Append(context.Background(), []byte("event: message\ndata: {\"x\":1}\n"), nil); err != nil {
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("event: message\ndata: {\"x\":1}\n")}); err != nil {
 		t.Fatal(err)
 	}
 	r, _ := str.Attach(1)
@@ -299,7 +299,7 @@ func testTooLarge(t *testing.T, e *env) {
 		}
 		st := e.store(lim)
 		str := MustStream(t, MustSession(t, st, "s1"))
-		_, err := str.Append(context.Background(), Fields(make([]byte, 8<<10)), nil)
+		_, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(make([]byte, 8<<10))})
 		var fe *buffer.FailedError
 		if !errors.As(err, &fe) || fe.Reason != policy.ReasonTooLarge {
 			t.Fatalf("%s: oversized Append: %v", bound, err)
@@ -329,7 +329,7 @@ func testConcurrent(t *testing.T, e *env) {
 		go func() {
 			defer wg.Done()
 			for seq := uint64(1); seq <= events; seq++ {
-				got, err := str.Append(context.Background(), Fields([]byte(fmt.Sprintf("%s#%d", name, seq))), nil)
+				got, err := str.Append(context.Background(), buffer.Entry{Fields: Fields([]byte(fmt.Sprintf("%s#%d", name, seq)))})
 				if err != nil || got != seq {
 					t.Errorf("%s: append %d = %d, %v", name, seq, got, err)
 					return

@@ -12,12 +12,12 @@ import (
 // env opens the stores of one test.
 type env struct {
 	t    *testing.T
-	open func(t *testing.T, lim buffer.Limits) buffer.Store
+	open func(t *testing.T, lim buffer.Limits) buffer.Backend
 }
 
 // store opens a fresh store. Cleanup checks the invariant that no event
 // ever left a log while a client could still ask for it.
-func (e *env) store(lim buffer.Limits) buffer.Store {
+func (e *env) store(lim buffer.Limits) buffer.Backend {
 	t := e.t
 	t.Helper()
 	st := e.open(t, lim)
@@ -31,7 +31,7 @@ func (e *env) store(lim buffer.Limits) buffer.Store {
 
 // stream opens a fresh store under lim with one request stream, of a
 // session "s1", holding n events of EvSize payload bytes.
-func (e *env) stream(lim buffer.Limits, n int) (buffer.Store, buffer.Stream) {
+func (e *env) stream(lim buffer.Limits, n int) (buffer.Backend, buffer.Stream) {
 	e.t.Helper()
 	st := e.store(lim)
 	str := MustStream(e.t, MustSession(e.t, st, "s1"))
@@ -39,7 +39,7 @@ func (e *env) stream(lim buffer.Limits, n int) (buffer.Store, buffer.Stream) {
 	return st, str
 }
 
-func noEarlyEviction(t testing.TB, st buffer.Store) {
+func noEarlyEviction(t testing.TB, st buffer.Inspector) {
 	t.Helper()
 	if n := st.Counters().EventsEvictedBeforeAck.Load(); n != 0 {
 		t.Errorf("EventsEvictedBeforeAck = %d, must stay 0", n)
@@ -61,7 +61,7 @@ func fillCtx(t testing.TB, ctx context.Context, str buffer.Stream, size, atMost 
 	for n := 0; n < atMost; n++ {
 		seq := str.View().Head + 1
 		ch := Async(func() AppendResult {
-			seq, err := str.Append(ctx, Fields(Payload(seq, size)), nil)
+			seq, err := str.Append(ctx, buffer.Entry{Fields: Fields(Payload(seq, size))})
 			return AppendResult{seq, err}
 		})
 		select {
@@ -92,3 +92,13 @@ func ack(t testing.TB, str buffer.Stream, seq uint64) {
 
 // floorOf is the stream's floor now.
 func floorOf(str buffer.Stream) uint64 { return str.View().Floor }
+
+// infoOf is what the store's Inspector says of session s.
+func infoOf(t testing.TB, st buffer.Inspector, s buffer.Session) buffer.SessionInfo {
+	t.Helper()
+	info, ok := st.SessionInfo(s.ID())
+	if !ok {
+		t.Fatalf("SessionInfo(%q): not found", s.ID())
+	}
+	return info
+}

@@ -92,7 +92,7 @@ func Fields(p []byte) []byte {
 // MustAppend appends the event whose payload is data and returns its seq.
 func MustAppend(t testing.TB, str buffer.Stream, data []byte) uint64 {
 	t.Helper()
-	seq, err := str.Append(context.Background(), Fields(data), nil)
+	seq, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(data)})
 	if err != nil {
 		t.Fatalf("Append: %v", err)
 	}
@@ -238,7 +238,7 @@ type AppendResult struct {
 // AsyncAppend appends the event whose payload is data in a goroutine.
 func AsyncAppend(str buffer.Stream, data []byte) <-chan AppendResult {
 	return Async(func() AppendResult {
-		seq, err := str.Append(context.Background(), Fields(data), nil)
+		seq, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(data)})
 		return AppendResult{seq, err}
 	})
 }

@@ -161,7 +161,7 @@ func testResumeReject(t *testing.T, e *env) {
 			t.Fatalf("%v: floor %d, want %d", tc.d.Kind, f, tc.floor)
 		}
 	}
-	if info := sess.Info(); info.Connected != 0 || str.Connected() {
+	if info := infoOf(t, st, sess); info.Connected != 0 || str.Connected() {
 		t.Fatalf("connected %d", info.Connected)
 	}
 }

@@ -130,7 +130,7 @@ func (n *NATSStore) Validate() error {
 }
 
 // OpenStore implements caddymodule.StoreModule.
-func (n NATSStore) OpenStore(ctx context.Context, zone string, o caddymodule.StoreOptions) (buffer.Store, error) {
+func (n NATSStore) OpenStore(ctx context.Context, zone string, o caddymodule.StoreOptions) (buffer.Backend, error) {
 	repl := caddy.NewReplacer()
 	prefix := n.Prefix
 	if prefix == "" {
@@ -274,7 +274,8 @@ func (n NATSStore) embeddedDir() string {
 	return dir
 }
 
-// DrainFor is how long a stopping Caddy drains into the store.
+// DrainFor implements caddymodule.Drainer: how long a stopping Caddy
+// drains into the store.
 func (n NATSStore) DrainFor() time.Duration {
 	if n.DrainTimeout > 0 {
 		return time.Duration(n.DrainTimeout)
@@ -381,6 +382,7 @@ func (n *NATSStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // Interface guards
 var (
 	_ caddymodule.StoreModule = NATSStore{}
+	_ caddymodule.Drainer     = NATSStore{}
 	_ caddy.Validator         = (*NATSStore)(nil)
 	_ caddyfile.Unmarshaler   = (*NATSStore)(nil)
 )

@@ -1,0 +1,57 @@
+package buffer
+
+// Optional capabilities: interfaces a store (or its streams) may implement
+// beyond the core seam of store.go. Callers assert only these, never a
+// store's concrete type, and buffer/storetest runs each one's contract
+// against every store that has it.
+
+import "context"
+
+// BatchAppender is a Stream that appends several events in one step, as an
+// upstream read that carried several delivers them: the memory store's
+// streams take them under one hold of their lock and wake their reader
+// once; the JetStream store's put them into one open batch. Use
+// AppendBatch, which falls back to Append for a Stream without it.
+type BatchAppender interface {
+	// AppendBatch appends entries in order, each as Append would (framed
+	// under the ID it mints, blocking while the log is full, the upstream
+	// cursor moving with it). It returns the seq of the last event appended
+	// and how many were; an error stops it at entries[n], which was not
+	// appended.
+	AppendBatch(ctx context.Context, entries []Entry) (last uint64, n int, err error)
+}
+
+// AppendBatch appends entries to s in order, in one step if s is a
+// BatchAppender, else one Append each: the outcome is the same.
+func AppendBatch(ctx context.Context, s Stream, entries []Entry) (last uint64, n int, err error) {
+	if ba, ok := s.(BatchAppender); ok {
+		return ba.AppendBatch(ctx, entries)
+	}
+	for n < len(entries) {
+		seq, err := s.Append(ctx, entries[n])
+		if err != nil {
+			return last, n, err
+		}
+		last = seq
+		n++
+	}
+	return last, n, nil
+}
+
+// Availability is a Store that can be out of reach (a shared one): while
+// Available returns an error, the proxy refuses new sessions and calls with
+// 503 before they reach the upstream. A Store without it is always
+// available.
+type Availability interface {
+	Available() error
+}
+
+// Available reports why st cannot take new work now, or nil.
+func Available(st Store) error {
+	if a, ok := st.(Availability); ok {
+		return a.Available()
+	}
+	return nil
+}
+
+var _ BatchAppender = (*memStream)(nil)

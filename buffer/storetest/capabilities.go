@@ -1,0 +1,196 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
+
+// The optional capabilities (buffer/capabilities.go): each contract runs
+// where the store under test has the capability and is skipped, saying
+// so, where it has not. buffer.AppendBatch's fallback and the Inspector
+// are every store's, so theirs run always.
+var capabilityContracts = []contract{
+	{"BatchAppender", testBatchAppender},
+	{"BatchAppenderFallback", testBatchFallback},
+	{"BatchAppenderStopsAtABlockedEntry", testBatchStops},
+	{"Availability", testAvailability},
+	{"Inspector", testInspector},
+}
+
+// plainStream hides every capability of the stream it wraps.
+type plainStream struct{ buffer.Stream }
+
+// batchEntries are n events from payload seq from carrying the upstream
+// IDs u<seq>, the first of them answering answers, one each.
+func batchEntries(from uint64, n int, answers ...string) []buffer.Entry {
+	out := make([]buffer.Entry, n)
+	for i := range out {
+		seq := from + uint64(i)
+		out[i] = entry(seq, "u"+strconv.FormatUint(seq, 10))
+		if i < len(answers) {
+			out[i].Answers = []string{answers[i]}
+		}
+	}
+	return out
+}
+
+// batchStream is a request stream for the requests "a" and "b" holding two
+// events, and str as a BatchAppender if it is one.
+func batchStream(t *testing.T, e *env) (buffer.Backend, buffer.Stream, buffer.BatchAppender) {
+	st := e.store(BigLimits())
+	str := MustStream(t, MustSession(t, st, "s1"), `"a"`, `"b"`)
+	MustProduce(t, str)
+	AppendN(t, str, 2, EvSize)
+	ba, _ := str.(buffer.BatchAppender)
+	return st, str, ba
+}
+
+func testBatchAppender(t *testing.T, e *env) {
+	_, str, ba := batchStream(t, e)
+	if ba == nil {
+		t.Skip("the store's streams are no BatchAppender")
+	}
+	checkBatch(t, str, func(es []buffer.Entry) (uint64, int, error) {
+		return ba.AppendBatch(context.Background(), es)
+	})
+}
+
+// buffer.AppendBatch gives a stream without the capability the same
+// outcome, one Append each.
+func testBatchFallback(t *testing.T, e *env) {
+	_, str, _ := batchStream(t, e)
+	checkBatch(t, str, func(es []buffer.Entry) (uint64, int, error) {
+		return buffer.AppendBatch(context.Background(), plainStream{str}, es)
+	})
+}
+
+// checkBatch appends a batch of five after the stream's two events: they
+// get seqs 3..7 in order, their answers are recorded, the upstream cursor
+// is the last one's, and a reader gets them framed as Append frames them.
+func checkBatch(t *testing.T, str buffer.Stream, appendBatch func([]buffer.Entry) (uint64, int, error)) {
+	t.Helper()
+	last, n, err := appendBatch(batchEntries(3, 5, `"b"`))
+	if err != nil || n != 5 || last != 7 {
+		t.Fatalf("AppendBatch = %d, %d, %v; want 7, 5, nil", last, n, err)
+	}
+	if last, n, err := appendBatch(nil); err != nil || n != 0 || last != 0 {
+		t.Fatalf("an empty batch = %d, %d, %v", last, n, err)
+	}
+	v := str.View()
+	if v.Head != 7 {
+		t.Fatalf("head %d, want 7", v.Head)
+	}
+	for _, q := range v.Requests {
+		if want := map[string]uint64{`"a"`: 0, `"b"`: 3}[q.ID]; q.AnsweredAt != want {
+			t.Fatalf("request %s answered at %d, want %d", q.ID, q.AnsweredAt, want)
+		}
+	}
+	r, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	evs, err := ReadUntil(t, r, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, ev := range evs {
+		if seq := uint64(i + 1); ev.Seq != seq || string(ev.Data) != string(Payload(seq, EvSize)) {
+			t.Fatalf("event %d: seq %d %q", i, ev.Seq, ev.Data)
+		}
+	}
+	if c := str.UpstreamCursor(); c != "u7" { // read, so stored
+		t.Fatalf("upstream cursor %q, want u7", c)
+	}
+}
+
+// An entry the log has no room for blocks the batch there; when the
+// append gives up, what went before it is in, it and what follows are not,
+// and the cursor is that of the last entry in. Through the capability (if
+// the store has it) and the fallback alike.
+func testBatchStops(t *testing.T, e *env) {
+	for _, direct := range []bool{true, false} {
+		lim := BigLimits()
+		lim.MaxStreamBytes = 4 << 10
+		st := e.store(lim)
+		g := MustSession(t, st, "s1").Standalone()
+		p := MustProduce(t, g)
+		var str buffer.Stream = plainStream{g}
+		if direct {
+			if _, ok := g.(buffer.BatchAppender); !ok {
+				continue
+			}
+			str = g
+		}
+		es := batchEntries(1, 40)
+		for i := range es {
+			es[i].Fields = Fields(Payload(uint64(i+1), bigSize)) // a few fit the bound
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		last, n, err := buffer.AppendBatch(ctx, str, es)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || n == 0 || n == len(es) || last != uint64(n) {
+			t.Fatalf("direct %v: a batch past the bound = %d, %d, %v", direct, last, n, err)
+		}
+		if h := g.View().Head; h != uint64(n) {
+			t.Fatalf("direct %v: head %d after %d of the batch", direct, h, n)
+		}
+		p.Done()
+		if c, want := g.UpstreamCursor(), "u"+strconv.Itoa(n); c != want {
+			t.Fatalf("direct %v: cursor %q, want %q", direct, c, want)
+		}
+	}
+}
+
+// A store that can be out of reach says it is reachable while it is open,
+// and not once it is closed.
+func testAvailability(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	a, ok := st.(buffer.Availability)
+	if !ok {
+		if err := buffer.Available(st); err != nil {
+			t.Fatalf("a store without Availability is unavailable: %v", err)
+		}
+		t.Skip("the store has no Availability")
+	}
+	if err := a.Available(); err != nil {
+		t.Fatalf("an open store: %v", err)
+	}
+	if err := buffer.Available(st); err != nil {
+		t.Fatalf("buffer.Available of an open store: %v", err)
+	}
+	st.Close()
+	if a.Available() == nil {
+		t.Fatal("a closed store is available")
+	}
+}
+
+// The Inspector describes what the data path holds: every session, each
+// one by ID, nothing of a deleted one.
+func testInspector(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	a := MustSession(t, st, "a")
+	MustSession(t, st, "b")
+	AppendN(t, MustStream(t, a), 3, EvSize)
+	if got := st.Sessions(); len(got) != 2 {
+		t.Fatalf("Sessions: %d", len(got))
+	}
+	info := infoOf(t, st, a)
+	if info.ID != "a" || info.Epoch != a.Epoch() || len(info.Streams) != 1 || info.Streams[0].Head != 3 {
+		t.Fatalf("SessionInfo(a) = %+v", info)
+	}
+	if _, ok := st.SessionInfo("nobody"); ok {
+		t.Fatal("SessionInfo of an unknown session")
+	}
+	st.Delete("a", policy.ReasonPurged)
+	if _, ok := st.SessionInfo("a"); ok {
+		t.Fatal("SessionInfo of a deleted session")
+	}
+	WaitFor(t, "Stats to count one session", func() bool { return st.Stats().Sessions == 1 })
+}
