@@ -465,9 +465,14 @@ func (s *stream) attached(r *reader) {
 		old.release()
 	}
 	if rec, ok := s.record(); !ok || rec.Reader == nil || rec.Reader.ID != r.id {
-		// Taken over already, between the write and now.
+		// Taken over already, between the write and now, or the record
+		// went with its session (its client is told the session ended).
 		if s.removeReader(r) {
-			r.close(buffer.ErrTakenOver)
+			if ok {
+				r.close(buffer.ErrTakenOver)
+			} else {
+				r.close(buffer.ErrSessionGone)
+			}
 		}
 	}
 	s.sess.Touch()
