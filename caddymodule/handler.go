@@ -7,9 +7,11 @@
 //
 // Files: handler.go (the module: Provision, Cleanup, ServeHTTP), config.go
 // (defaults and validation, as resume.Config), caddyfile.go, zone.go (the
-// retention stores across reloads, their drain on exit), store.go (the
-// mcp_resume.stores namespace, its optional Drainer, and the memory store;
-// the nats store is the module of package caddymodule/storenats), admin.go.
+// retention stores across reloads, their drains on reload and exit),
+// lifecycle.go (a zone's life as a state machine: states, events, and the
+// transitions as one pure function), store.go (the mcp_resume.stores
+// namespace, its optional Drainer, and the memory store; the nats store is
+// the module of package caddymodule/storenats), admin.go.
 package caddymodule
 
 import (
@@ -175,15 +177,14 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		events := app.(*caddyevents.App)
 		// A shared store connects once Caddy runs this config: never for
 		// `caddy validate`, which provisions but does not start.
-		_ = events.On("started", eventHandler(z.open))
+		_ = events.On("started", eventHandler(func() { z.fire(zoneOpen) }))
 		// Detached upstream reads must not hold up `caddy stop` forever: Caddy
 		// waits for in-flight requests before its exit hooks run. A reload
 		// also emits "stopping", but then the streams carry on with the new
 		// config.
 		_ = events.On("stopping", eventHandler(func() {
 			if caddy.Exiting() {
-				z.exiting()
-				boundDrainsLeftByReload()
+				z.exit()
 			}
 		}))
 	}

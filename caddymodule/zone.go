@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,131 +29,202 @@ var zones = caddy.NewUsagePool()
 // in one zone share sessions (a session may be resumed through any of them)
 // and the zone's limits, which the most recently provisioned handler sets.
 // A zone is keyed by its name and its store's configuration, so a reload
-// that changes the store opens a new one.
+// that changes the store opens a new one. Its life is the state machine of
+// lifecycle.go, under mu.
 type zone struct {
 	name    string
 	backend StoreModule
-	drain   atomic.Int64 // how long a stopping process drains into a shared store (a reload may change it)
+	// rt is the engine's runtime the zone's handlers share: the store (set
+	// once it opens) and the upstream reads feeding it.
+	rt *resume.Runtime
 
-	// rt is the engine's runtime the zone's handlers share: the store and
-	// the upstream reads feeding it. Its store is set once. A shared store
-	// is opened when Caddy has started (never by `caddy validate`) and
-	// retried until it connects; meanwhile requests that need it get 503.
-	// rt stops when this process stops serving the zone: at once on exit
-	// for the memory store, after the drain for a shared one.
-	rt       *resume.Runtime
-	openOnce sync.Once
-	openMu   sync.Mutex      // a store that opens as the zone closes is closed, not leaked
-	ctx      context.Context // ends when the zone is destructed
-	cancel   context.CancelFunc
+	mu    sync.Mutex
+	phase zonePhase
+	// drainTimeout bounds a drain on exit (a reload may change it);
+	// drainUntil is when the drain gives up on running calls (zero: when
+	// they end).
+	drainTimeout time.Duration
+	drainUntil   time.Time
+	// left are the zones earlier reloads moved away from to this zone's
+	// name, still draining: this zone's exit bounds their drains and waits
+	// for them, since no configuration holds them.
+	left []*zone
 
-	exitOnce   sync.Once
-	drainUntil atomic.Int64 // when the drain gives up on running calls (unix ns); 0: when they end
+	connecting     context.Context // the store's opening; ends when the zone closes
+	stopConnecting context.CancelFunc
+	closed         chan struct{} // closed once the zone is
 
 	logger        atomic.Pointer[zap.Logger] // the most recently provisioned handler's; store hooks log here
 	limits        atomic.Pointer[buffer.Limits]
 	maxEventBytes atomic.Int64
 }
 
-// Destruct implements caddy.Destructor. It comes when no configuration
-// holds the zone any more: the process exits, Caddy stops, or a reload
-// moved the zone's handlers to another store. A shared store drains on exit
-// and on such a reload (in the background then: the new configuration
-// serves meanwhile, and what the old zone's calls read lands in the same
-// shared store).
-func (z *zone) Destruct() error {
-	if z.backend.Shared() {
-		switch {
-		case caddy.Exiting():
-			z.exiting()
-			// Caddy's shutdown waits for the requests it tracks only: a call
-			// whose client was cut is read on after its connection was
-			// taken from the server, so the drain is waited for here.
-			<-z.rt.Done()
-		case z.succeeded():
-			z.drainAfterReload()
-			return nil
+// fire moves the zone on by ev and does what the transition says.
+func (z *zone) fire(ev zoneEvent) {
+	z.mu.Lock()
+	act := z.advance(ev)
+	z.mu.Unlock()
+	z.perform(act)
+}
+
+// advance is fire's transition, under z.mu: it applies what is the zone's
+// own state (the phase, the drain's bound) and returns the rest to perform.
+func (z *zone) advance(ev zoneEvent) zoneAction {
+	next, act, ok := step(z.phase, ev, z.backend.Shared())
+	if !ok {
+		z.logger.Load().Error("BUG: zone lifecycle: event ignored in this state",
+			zap.String("zone", z.name), zap.Stringer("state", z.phase.state), zap.Bool("released", z.phase.released),
+			zap.Stringer("event", ev))
+		return 0
+	}
+	if c := z.logger.Load().Check(zap.DebugLevel, "zone lifecycle"); c != nil && next != z.phase {
+		c.Write(zap.String("zone", z.name), zap.Stringer("from", z.phase.state), zap.Stringer("event", ev),
+			zap.Stringer("to", next.state), zap.Bool("released", next.released), zap.Stringer("actions", act))
+	}
+	z.phase = next
+	if act&actBound != 0 && z.drainUntil.IsZero() {
+		z.drainUntil = time.Now().Add(z.drainTimeout)
+	}
+	return act
+}
+
+// perform does a transition's actions that are not the zone's own state.
+func (z *zone) perform(act zoneAction) {
+	if act&actConnect != 0 {
+		if z.backend.Shared() {
+			go z.connect()
+		} else {
+			z.connect() // in memory: nothing to connect to, nothing to fail
 		}
 	}
-	z.close()
+	if act&actDrain != 0 {
+		z.drain()
+	}
+	if act&actStop != 0 {
+		z.rt.Stop()
+	}
+	if act&actClose != 0 {
+		z.close()
+	}
+}
+
+// Destruct implements caddy.Destructor. It comes when no configuration
+// holds the zone any more: the process exits, Caddy stops, or a reload
+// moved the zone's handlers to another store. A shared store drains then
+// (see lifecycle.go); a reload's drain runs in the background, handed to
+// the zone that replaced this one, while the new configuration serves.
+func (z *zone) Destruct() error {
+	switch successor := z.successor(); {
+	case caddy.Exiting():
+		z.fire(zoneReleasedOnExit)
+		// Caddy's shutdown waits for the requests it tracks only: a call
+		// whose client was cut is read on after its connection was taken
+		// from the server, so the drain is waited for here, and the drains
+		// of the zones earlier reloads left.
+		<-z.closed
+		for _, l := range z.takeLeft() {
+			l.fire(zoneExit)
+			<-l.closed
+		}
+	case successor != nil:
+		z.fire(zoneReplaced)
+		successor.inherit(append(z.takeLeft(), z))
+	default:
+		z.fire(zoneReleased)
+		z.leaveDrains()
+	}
 	return nil
 }
 
-// leftByReload are the zones draining after a reload moved their handlers
-// to another store. No configuration holds them, so an exit waits for them
-// here, each bounded by its drain_timeout from the exit on.
-var leftByReload struct {
-	sync.Mutex
-	zones  map[*zone]struct{}
-	closed sync.WaitGroup
-	hook   sync.Once
-}
-
-// drainAfterReload drains the zone in the background, with no bound while
-// the process runs (every call ends by itself: its upstream answers, stalls
-// or its session goes), then closes it.
-func (z *zone) drainAfterReload() {
-	leftByReload.Lock()
-	if leftByReload.zones == nil {
-		leftByReload.zones = map[*zone]struct{}{}
-	}
-	leftByReload.zones[z] = struct{}{}
-	leftByReload.closed.Add(1)
-	leftByReload.Unlock()
-	leftByReload.hook.Do(func() {
-		caddy.OnExit(func(context.Context) {
-			boundDrainsLeftByReload()
-			leftByReload.closed.Wait()
-		})
-	})
-	z.startDrain("a reload moved the zone to another store", false)
-	go func() {
-		defer leftByReload.closed.Done()
-		<-z.rt.Done()
-		z.close()
-		leftByReload.Lock()
-		delete(leftByReload.zones, z)
-		leftByReload.Unlock()
-	}()
-}
-
-// boundDrainsLeftByReload gives the zones a reload left drain_timeout from
-// now: the process is exiting.
-func boundDrainsLeftByReload() {
-	leftByReload.Lock()
-	defer leftByReload.Unlock()
-	for z := range leftByReload.zones {
-		z.drainUntil.CompareAndSwap(0, time.Now().Add(time.Duration(z.drain.Load())).UnixNano())
-	}
-}
-
-// succeeded reports whether another zone of the same name is loaded: the
-// configuration that replaces this zone's.
-func (z *zone) succeeded() bool {
-	found := false
+// successor is the zone of the same name another configuration holds:
+// the one that replaces this zone's.
+func (z *zone) successor() *zone {
+	var found *zone
 	zones.Range(func(_, v any) bool {
 		if o := v.(*zone); o != z && o.name == z.name {
-			found = true
+			found = o
 		}
-		return !found
+		return found == nil
 	})
 	return found
 }
 
-// close ends the zone: its reads, then its store.
+// inherit takes on zones still draining after reloads moved away from them.
+func (z *zone) inherit(left []*zone) {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	z.left = slices.DeleteFunc(z.left, isClosed)
+	z.left = append(z.left, slices.DeleteFunc(left, isClosed)...)
+}
+
+func (z *zone) takeLeft() []*zone {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	left := z.left
+	z.left = nil
+	return left
+}
+
+func isClosed(z *zone) bool {
+	select {
+	case <-z.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// leaveDrains hands the drains this zone inherited to another zone when a
+// reload removed this one's name: an exit then bounds and waits for them.
+// With no zone left to wait for them, their drains are bounded now.
+func (z *zone) leaveDrains() {
+	left := z.takeLeft()
+	if len(left) == 0 {
+		return
+	}
+	var heir *zone
+	zones.Range(func(_, v any) bool {
+		if o := v.(*zone); o != z {
+			heir = o
+		}
+		return heir == nil
+	})
+	if heir != nil {
+		heir.inherit(left)
+		return
+	}
+	for _, l := range left {
+		l.fire(zoneExit)
+	}
+}
+
+// exit is told that the process is stopping (Caddy's "stopping" event):
+// the zone's drain starts, and the drains of the zones it inherited get
+// their bound.
+func (z *zone) exit() {
+	z.fire(zoneExit)
+	z.mu.Lock()
+	left := slices.Clone(z.left)
+	z.mu.Unlock()
+	for _, l := range left {
+		l.fire(zoneExit)
+	}
+}
+
+// close ends the zone: its reads (cut already), then its store.
 func (z *zone) close() {
-	z.rt.Stop()
-	z.cancel()
+	z.stopConnecting()
 	// The taps end at once now, but they still write what they owe the store
 	// as they close (a standalone stream's upstream cursor, the last batch).
 	if !z.rt.WaitTaps(10 * time.Second) {
 		z.logger.Load().Warn("upstream taps still closing after 10s; closing the store anyway", zap.String("zone", z.name))
 	}
-	z.openMu.Lock()
-	defer z.openMu.Unlock()
+	// Closed now, the zone takes no store that connects later (connected
+	// discards it), so this reads the store it will ever have.
 	if st, ok := z.rt.Store(); ok {
 		st.Close()
-	} // else connect sees the zone's context end, and closes what it opened
+	}
+	close(z.closed)
 }
 
 func zoneKey(name, storeKey string) string { return "mcp_resume/" + name + "/" + storeKey }
@@ -164,7 +236,7 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 	v, loaded, err := zones.LoadOrNew(zoneKey(name, storeKey), func() (caddy.Destructor, error) {
 		z := newZone(name, backend, drain, l, maxEvent, logger)
 		if !backend.Shared() {
-			z.open() // in memory: nothing to connect to, nothing to fail
+			z.fire(zoneOpen) // a shared store opens once Caddy runs the configuration (never for caddy validate)
 		}
 		return z, nil
 	})
@@ -176,7 +248,9 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 		z.logger.Store(logger)
 		z.limits.Store(&l)
 		z.maxEventBytes.Store(maxEvent)
-		z.drain.Store(int64(drain))
+		z.mu.Lock()
+		z.drainTimeout = drain
+		z.mu.Unlock()
 		if st, ok := z.rt.Store(); ok {
 			st.SetLimits(l)
 		} // else applied when it opens
@@ -186,9 +260,8 @@ func loadZone(name, storeKey string, backend StoreModule, drain time.Duration, l
 
 // newZone makes a zone whose store is not open yet.
 func newZone(name string, backend StoreModule, drain time.Duration, l buffer.Limits, maxEvent int64, logger *zap.Logger) *zone {
-	z := &zone{name: name, backend: backend, rt: resume.NewRuntime(nil)}
-	z.drain.Store(int64(drain))
-	z.ctx, z.cancel = context.WithCancel(context.Background())
+	z := &zone{name: name, backend: backend, rt: resume.NewRuntime(nil), drainTimeout: drain, closed: make(chan struct{})}
+	z.connecting, z.stopConnecting = context.WithCancel(context.Background())
 	z.logger.Store(logger)
 	z.limits.Store(&l)
 	z.maxEventBytes.Store(maxEvent)
@@ -200,47 +273,46 @@ func releaseZone(name, storeKey string) error {
 	return err
 }
 
-// open opens the zone's store once; a shared store is retried in the
-// background until it connects or the zone goes.
-func (z *zone) open() {
-	z.openOnce.Do(func() {
-		if !z.backend.Shared() {
-			st, _ := z.backend.OpenStore(z.ctx, z.name, z.storeOptions())
-			z.rt.SetStore(st)
-			return
-		}
-		go z.connect()
-	})
-}
-
+// connect opens the zone's store, trying again until it opens or the zone
+// closes.
 func (z *zone) connect() {
 	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		ctx, cancel := context.WithTimeout(z.ctx, 30*time.Second)
+		ctx, cancel := context.WithTimeout(z.connecting, 30*time.Second)
 		st, err := z.backend.OpenStore(ctx, z.name, z.storeOptions())
 		cancel()
 		if err == nil {
-			z.openMu.Lock()
-			if z.ctx.Err() != nil { // the zone closed while the store opened
-				z.openMu.Unlock()
-				st.Close()
-				return
-			}
-			st.SetLimits(*z.limits.Load()) // a reload may have come meanwhile
-			z.rt.SetStore(st)
-			z.openMu.Unlock()
-			z.logger.Load().Info("shared store connected", zap.String("zone", z.name))
+			z.connected(st)
 			return
 		}
-		if z.ctx.Err() != nil {
+		if z.connecting.Err() != nil {
 			return
 		}
 		z.logger.Load().Error("shared store unavailable: requests that need it get 503; retrying",
 			zap.String("zone", z.name), zap.Duration("retry_in", wait), zap.Error(err))
 		select {
 		case <-time.After(wait):
-		case <-z.ctx.Done():
+		case <-z.connecting.Done():
 			return
 		}
+	}
+}
+
+// connected gives the zone the store that opened; under z.mu, so a zone
+// closing meanwhile either closes this store or never takes it.
+func (z *zone) connected(st buffer.Backend) {
+	z.mu.Lock()
+	act := z.advance(zoneConnected)
+	if act&actKeepStore != 0 {
+		st.SetLimits(*z.limits.Load()) // a reload may have come meanwhile
+		z.rt.SetStore(st)
+	}
+	z.mu.Unlock()
+	if act&actDiscardStore != 0 {
+		st.Close()
+		return
+	}
+	if z.backend.Shared() {
+		z.logger.Load().Info("shared store connected", zap.String("zone", z.name))
 	}
 }
 
@@ -268,53 +340,41 @@ func (z *zone) storeOptions() StoreOptions {
 	}
 }
 
-// exiting is told that the process is stopping. The memory store's reads
-// end at once (nothing would outlive the process); a shared store's drain:
-// new calls are refused, running upstream reads go on into the store until
-// they end or drain_timeout passes, so results that arrive during a deploy
-// are there for the client on another replica.
-func (z *zone) exiting() {
-	if !z.backend.Shared() {
-		z.exitOnce.Do(func() {
-			z.rt.Stop()
-			if st, ok := z.rt.Store(); ok {
-				st.Close()
-			}
-		})
-		return
+// drain starts a shared store's drain: new calls get 503, the next GET
+// of a standalone stream goes to another replica, and the running calls
+// read on into the store until they end or the drain's bound passes
+// (drainUntil: a reload's drain has none until the process exits).
+func (z *zone) drain() {
+	z.rt.StartDrain()
+	z.mu.Lock()
+	why, bounded := "a reload moved the zone to another store", !z.drainUntil.IsZero()
+	if z.phase.state == zoneDrainingExit {
+		why = "the process is stopping"
 	}
-	z.startDrain("the process is stopping", true)
+	timeout := z.drainTimeout
+	z.mu.Unlock()
+	logger := z.logger.Load()
+	logger.Info("draining: running upstream reads go on into the shared store; new calls get 503",
+		zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.rt.Reads()),
+		zap.Duration("drain_timeout", timeout), zap.Bool("bounded", bounded))
+	go func() {
+		for z.rt.Reads() > 0 && !z.drainTimedOut() {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if n := z.rt.Reads(); n > 0 {
+			logger.Warn("drain timed out: the remaining upstream reads are cut and their streams fail",
+				zap.String("zone", z.name), zap.Int64("upstream_reads", n))
+		} else {
+			logger.Info("drained", zap.String("zone", z.name))
+		}
+		z.fire(zoneDrained)
+	}()
 }
 
-// startDrain starts the drain of a shared store's zone, once: stopCtx ends
-// when it is over. A bounded drain gives up on running calls after
-// drain_timeout.
-func (z *zone) startDrain(why string, bounded bool) {
-	if bounded {
-		z.drainUntil.CompareAndSwap(0, time.Now().Add(time.Duration(z.drain.Load())).UnixNano())
-	}
-	z.exitOnce.Do(func() {
-		z.rt.StartDrain() // new calls get 503; the next GET of a standalone stream goes to another replica
-		logger := z.logger.Load()
-		logger.Info("draining: running upstream reads go on into the shared store; new calls get 503",
-			zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.rt.Reads()),
-			zap.Duration("drain_timeout", time.Duration(z.drain.Load())), zap.Bool("bounded", bounded))
-		go func() {
-			for z.rt.Reads() > 0 {
-				if until := z.drainUntil.Load(); until != 0 && time.Now().UnixNano() >= until {
-					break
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-			if n := z.rt.Reads(); n > 0 {
-				logger.Warn("drain timed out: the remaining upstream reads are cut and their streams fail",
-					zap.String("zone", z.name), zap.Int64("upstream_reads", n))
-			} else {
-				logger.Info("drained", zap.String("zone", z.name))
-			}
-			z.rt.Stop()
-		}()
-	})
+func (z *zone) drainTimedOut() bool {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	return !z.drainUntil.IsZero() && !time.Now().Before(z.drainUntil)
 }
 
 // eachStore calls fn with every open store; the admin API and metrics read them.

@@ -263,6 +263,47 @@ func TestDeleteAcrossReplicas(t *testing.T) {
 	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: late\n")}); !errors.Is(err, buffer.ErrStreamEnded) {
 		t.Fatalf("append on A after the delete: %v", err)
 	}
+	// B's handle still tells the requests the stream had (its relay fails
+	// the ones its client was owed), though the record is gone.
+	if v := stB.View(); v.State != policy.Failed || len(v.Requests) != 1 || v.Requests[0].ID != "1" || v.Floor != v.Head+1 {
+		t.Fatalf("B's view of the deleted stream: %+v", v)
+	}
+}
+
+// A resume on one replica while another deletes the session, caught
+// between the purge of the events and the removal of the stream records:
+// the cursor then reads as ahead of its stream, yet the answer is that the
+// session ended, never a refusal of the cursor (a client re-initializes on
+// neither, but a 400 tells it nothing of its lost call).
+func TestResumeDuringADeletionElsewhere(t *testing.T) {
+	a, b := replicas(t)
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	appendEvents(t, str, 1, 3) // small events: the record's head lags what is stored
+	str.(*stream).currentWriter().waitStored(10 * time.Second)
+	sb := sessionOn(t, b, "sess")
+	stB, _ := sb.Stream(1)
+
+	// A's deletion, halfway.
+	ctx := context.Background()
+	sh := sessionToken("sess")
+	if err := a.sessions.remove(ctx, sh, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.purge(ctx, a.names.evPrefix+sh+"."+sa.Epoch()+".>", 0); err != nil {
+		t.Fatal(err)
+	}
+	if v := stB.View(); v.Head >= 2 {
+		t.Fatalf("the record's head is %d already: this test needs it behind the cursor", v.Head)
+	}
+	cursor := policy.Cursor{Valid: true, Minted: true, Epoch: sb.Epoch(), Stream: 1, Seq: 2}
+	d, rd, err := stB.Resume(2, func(v policy.StreamView) policy.Resume {
+		return policy.DecideResume(policy.ResumeInput{SessionHeader: true, Cursor: cursor, Stream: &v,
+			Session: policy.SessionView{Known: true, Epoch: sb.Epoch(), NextStream: 2}})
+	})
+	if !errors.Is(err, buffer.ErrSessionGone) || rd != nil {
+		t.Fatalf("resume during the deletion: %v %v %+v", err, rd, d)
+	}
 }
 
 // The standalone stream is one log for the session's life, fed by

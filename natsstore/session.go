@@ -66,6 +66,20 @@ func (s *session) gone() bool {
 	return !ok
 }
 
+// goneInKV is gone, asking KV when the mirror still holds the record: a
+// deletion under way on another replica may not have reached this one's
+// watch yet.
+func (s *session) goneInKV(ctx context.Context) bool {
+	if s.gone() {
+		return true
+	}
+	_, _, err := s.st.sessions.fetch(ctx, s.sh)
+	if errors.Is(err, errNotFound) {
+		return true
+	}
+	return err == nil && s.gone() // a new incarnation replaced it
+}
+
 func (s *session) Meta() buffer.SessionMeta {
 	if r, ok := s.record(); ok {
 		return r.meta()

@@ -35,6 +35,14 @@ type stream struct {
 	wmu     sync.Mutex
 	rmu     sync.Mutex // guards readers alone: taken when the mirror tells of a change
 	readers map[*reader]struct{}
+
+	// last is the newest record this handle has seen, at revision lastRev:
+	// what View tells once the record is gone (the session ended), as the
+	// memory store's stream does, so a relay still knows which requests
+	// its client was owed.
+	lmu     sync.Mutex
+	last    *streamRecord
+	lastRev uint64
 }
 
 var _ buffer.Stream = (*stream)(nil)
@@ -49,7 +57,14 @@ func (s *stream) Num() uint32             { return s.num }
 func (s *stream) Kind() policy.StreamKind { return s.kind }
 
 func (s *stream) record() (*streamRecord, bool) {
-	r, _, ok := s.sess.st.streams.get(s.key)
+	r, rev, ok := s.sess.st.streams.get(s.key)
+	if ok {
+		s.lmu.Lock()
+		if rev > s.lastRev {
+			s.last, s.lastRev = r, rev
+		}
+		s.lmu.Unlock()
+	}
 	return r, ok
 }
 
@@ -96,9 +111,33 @@ func (s *stream) currentWriter() *writer {
 func (s *stream) View() policy.StreamView {
 	rec, ok := s.record()
 	if !ok {
-		return policy.StreamView{Kind: s.kind, State: policy.Failed, Floor: 1}
+		return s.endView()
 	}
 	return s.viewOf(rec)
+}
+
+// endView is the view of a stream whose record is gone with its session:
+// the last record seen (its head as a producer here stored it), with no
+// event retained, and failed if it was live (as the memory store ends it).
+func (s *stream) endView() policy.StreamView {
+	s.lmu.Lock()
+	last := s.last
+	s.lmu.Unlock()
+	if last == nil {
+		return policy.StreamView{Kind: s.kind, State: policy.Failed, Floor: 1}
+	}
+	head := last.Head
+	w := s.currentWriter()
+	if h, ok := w.storedHead(); ok { // a producer here knows what it stored (the record may lag it)
+		head = max(head, h)
+	}
+	v := last.view(head)
+	w.overlay(&v)
+	v.Floor = v.Head + 1
+	if v.State == policy.Live {
+		v.State = policy.Failed
+	}
+	return v
 }
 
 func (s *stream) viewOf(rec *streamRecord) policy.StreamView {
@@ -310,6 +349,12 @@ func (s *stream) Resume(ack uint64, decide func(policy.StreamView) policy.Resume
 		st.fault("resume", err)
 		return d, nil, err
 	}
+	if d.Kind == policy.Reject && s.sess.goneInKV(ctx) {
+		// A deletion under way purges the events before it removes the
+		// stream records: in between, a cursor reads as ahead of its
+		// stream. The session ended: that is the answer.
+		return d, nil, buffer.ErrSessionGone
+	}
 	if r != nil && attachErr == nil {
 		s.attached(r)
 	}
@@ -395,9 +440,14 @@ func (s *stream) attached(r *reader) {
 		old.release()
 	}
 	if rec, ok := s.record(); !ok || rec.Reader == nil || rec.Reader.ID != r.id {
-		// Taken over already, between the write and now.
+		// Taken over already, between the write and now, or the record
+		// went with its session (its client is told the session ended).
 		if s.removeReader(r) {
-			r.close(buffer.ErrTakenOver)
+			if ok {
+				r.close(buffer.ErrTakenOver)
+			} else {
+				r.close(buffer.ErrSessionGone)
+			}
 		}
 	}
 	s.sess.Touch()

@@ -29,7 +29,6 @@ const (
 	refusePrincipal                      // a changed credential naming another principal
 	refuseUnverifiable                   // a changed credential the proxy cannot tell is the principal's
 	refuseCursor                         // a Last-Event-ID policy refuses (its detail says why)
-	refuseSessionEnded                   // a resume of a session that ended meanwhile
 	refuseStandalone                     // the standalone stream cannot take a client now
 	refuseConnecting                     // the shared store is not connected yet
 	refuseUnavailable                    // the shared store lost its connection
@@ -62,7 +61,6 @@ var refusals = [...]refusalRow{
 	refusePrincipal:       {status: 403, code: jsonrpc.CodeResumeDenied, rejected: true, counter: credentialRejections, message: "credentials name another principal than the session's"},
 	refuseUnverifiable:    {status: 403, code: jsonrpc.CodeResumeDenied, rejected: true, counter: credentialRejections, message: "the credential changed and the proxy cannot tell it names the session's principal (see rebind)"},
 	refuseCursor:          {status: 400, code: jsonrpc.CodeResumeDenied, rejected: true, message: "%s"},
-	refuseSessionEnded:    {status: 400, code: jsonrpc.CodeResumeDenied, rejected: true, message: "the session ended"},
 	refuseStandalone:      {status: 503, code: jsonrpc.CodeResumeDenied, retryAfter: 5, rejected: true, message: "the session's standalone stream is unavailable"},
 	refuseConnecting:      {status: 503, code: jsonrpc.CodeLimit, retryAfter: 5, vec: storeRefusals, label: "connecting", message: "the retention store is not connected; retry later"},
 	refuseUnavailable:     {status: 503, code: jsonrpc.CodeLimit, retryAfter: 5, vec: storeRefusals, label: "unavailable", message: "the retention store is unavailable; retry later"},

@@ -83,8 +83,10 @@ func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
 			return policy.DecideResume(in)
 		})
 		switch {
-		case errors.Is(err, buffer.ErrSessionGone): // the session ended meanwhile
-			return h.refuse(w, refuseSessionEnded, to{sid: sid, lastID: lastID})
+		case errors.Is(err, buffer.ErrSessionGone):
+			// The session ended meanwhile (a DELETE raced this resume):
+			// answer as for any ended session, from its tombstone.
+			return h.serveResume(w, r, next, sid, nil, lastID)
 		case err != nil: // a shared store that cannot answer now
 			h.logger.Warn("resume refused: the shared store is unavailable", zap.String("session", sid), zap.Error(err))
 			return h.refuse(w, refuseUnavailable, to{sid: sid, lastID: lastID})

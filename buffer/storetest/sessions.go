@@ -166,6 +166,13 @@ func testDeleteSession(t *testing.T, e *env) {
 	if s.Context().Err() == nil {
 		t.Fatal("session context not cancelled")
 	}
+	// A handle kept past the end still tells which requests the stream
+	// had (a relay fails the ones its client was owed): failed, nothing
+	// retained.
+	if v := a.View(); v.State != policy.Failed || v.Head != 4 || v.Floor != 5 ||
+		len(v.Requests) != 1 || v.Requests[0].ID != "1" || v.Requests[0].AnsweredAt != 0 {
+		t.Fatalf("view of a stream of the deleted session: %+v", v)
+	}
 	if _, ok := st.Session("s1"); ok {
 		t.Fatal("session still there")
 	}
