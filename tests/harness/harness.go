@@ -115,6 +115,17 @@ func SharedStoreOnly(t testing.TB, why string) {
 // started: a new one per StartCaddy, the same across its reloads.
 const storeDirEnv = "MCPR_TEST_STORE_DIR"
 
+// NewStoreDir gives the next Caddy started (in-process or as a process,
+// which inherits the environment) a new embedded JetStream directory, in
+// the JetStream leg of a suite: the store block of mcptest.ResumeRoute
+// names it. StartCaddy calls it; a test that runs Caddy otherwise must.
+func NewStoreDir(t testing.TB) {
+	t.Helper()
+	if SharedStore() {
+		os.Setenv(storeDirEnv, t.TempDir())
+	}
+}
+
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
@@ -168,9 +179,7 @@ func StartCaddyWithGlobal(t testing.TB, global, site string) *Caddy {
 func StartCaddyWithSites(t testing.TB, global, site string, more ...mcptest.Site) *Caddy {
 	t.Helper()
 	c := &Caddy{HTTPPort: CaddyPort(t), AdminPort: CaddyPort(t)}
-	if mcptest.StoreBlock != "" {
-		os.Setenv(storeDirEnv, t.TempDir())
-	}
+	NewStoreDir(t)
 	err := mcptest.Load(mcptest.Config{
 		AdminPort: c.AdminPort, HTTPPort: c.HTTPPort, HTTPSPort: CaddyPort(t), Global: global,
 		Sites: append([]mcptest.Site{{Port: c.HTTPPort, Body: site}}, more...),
