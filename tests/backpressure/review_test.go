@@ -18,23 +18,23 @@ import (
 // to 2s): its stream is slowed to max_stream_bytes per resume_window while
 // the window holds the room, but it is never stalled.
 func TestAFastReaderIsNeverFailed(t *testing.T) {
-	_, c := floodProxy(t, 0, `
+	_, c := harness.FloodProxy(t, 0, `
 			resume_window 2s
 			stall_timeout 2s
 			max_stream_bytes 64KiB
 			max_session_bytes 64KiB`)
-	cl := session(t, c)
+	cl := harness.StreamSession(t, c)
 	const n = 1000
-	s, err := cl.call(1, "flood", floodArgs(n, 200), 10*time.Second)
+	s, err := cl.CallStream(1, "flood", harness.FloodArgs(n, 200), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tr tracker
-	if _, err := drain(cl, s, &tr, 1, n+10, 0); err != nil {
+	var tr harness.Tracker
+	if _, err := harness.Drain(cl, s, &tr, 1, n+10, 0); err != nil {
 		t.Fatal(err)
 	}
-	if tr.progress != n || tr.errorMsg != "" || len(tr.gaps) != 0 {
-		t.Fatalf("got %d of %d events, error %q, gaps %+v", tr.progress, n, tr.errorMsg, tr.gaps)
+	if tr.Progress != n || tr.ErrorMsg != "" || len(tr.Gaps) != 0 {
+		t.Fatalf("got %d of %d events, error %q, gaps %+v", tr.Progress, n, tr.ErrorMsg, tr.Gaps)
 	}
 	m, _ := c.Metrics()
 	if v := m.Series[`caddy_mcp_resume_streams_failed_total{reason="stalled"}`]; v != 0 {
@@ -43,33 +43,33 @@ func TestAFastReaderIsNeverFailed(t *testing.T) {
 	if v := m.Series["caddy_mcp_resume_backpressure_stalls_total"]; v == 0 {
 		t.Fatal("the bound was never reached: the test shows nothing")
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
 }
 
 // The reserve protects the clients that are there (review item 7): eight
 // sessions start chatty calls and hang up, filling what streams without a
 // client may hold; an unrelated client's call still gets every event.
 func TestTheReserveServesConnectedClients(t *testing.T) {
-	f, c := floodProxy(t, 0, `
+	f, c := harness.FloodProxy(t, 0, `
 			max_total_bytes 1MiB
 			max_session_bytes 128KiB
 			max_stream_bytes 128KiB
 			stall_timeout 1m`)
 	f.Hold("flood")
 	for i := 0; i < 8; i++ {
-		cl := newClient(c.Base(), "2025-06-18")
-		if err := cl.initialize(); err != nil {
+		cl := harness.NewStreamClient(c.Base(), "2025-06-18")
+		if err := cl.Init(); err != nil {
 			t.Fatal(err)
 		}
-		args := floodArgs(100000, 200)
+		args := harness.FloodArgs(100000, 200)
 		args.Pre, args.Hold = 1, "flood" // the rest once every client has left
-		s, err := cl.call(1, "flood", args, 10*time.Second)
+		s, err := cl.CallStream(1, "flood", args, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		s.next()
-		s.close() // hang up
-		defer cl.close()
+		s.Next()
+		s.Close() // hang up
+		defer cl.Close()
 	}
 	harness.WaitFor(t, 10*time.Second, "the clients to be gone", func() bool {
 		ss, _ := c.Sessions()
@@ -88,18 +88,18 @@ func TestTheReserveServesConnectedClients(t *testing.T) {
 		m, _ := c.Metrics()
 		return m.Series["caddy_mcp_resume_stalled_streams"] == 8
 	})
-	cl := session(t, c)
-	s, err := cl.call(2, "flood", floodArgs(5, 200), 10*time.Second)
+	cl := harness.StreamSession(t, c)
+	s, err := cl.CallStream(2, "flood", harness.FloodArgs(5, 200), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tr tracker
-	if _, err := drain(cl, s, &tr, 2, 100, 0); err != nil {
-		dumpState(t, c)
+	var tr harness.Tracker
+	if _, err := harness.Drain(cl, s, &tr, 2, 100, 0); err != nil {
+		harness.DumpState(t, c)
 		t.Fatal(err)
 	}
-	if tr.progress != 5 || tr.errorMsg != "" || len(tr.gaps) != 0 {
-		t.Fatalf("the connected client got %d of 5 events, error %q, gaps %+v", tr.progress, tr.errorMsg, tr.gaps)
+	if tr.Progress != 5 || tr.ErrorMsg != "" || len(tr.Gaps) != 0 {
+		t.Fatalf("the connected client got %d of 5 events, error %q, gaps %+v", tr.Progress, tr.ErrorMsg, tr.Gaps)
 	}
 }
 
@@ -108,7 +108,7 @@ func TestTheReserveServesConnectedClients(t *testing.T) {
 // process stays nearly idle (the old timer re-armed every millisecond and
 // burned ~1.9 cores until the new timeout).
 func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
-	f := newFlood()
+	f := harness.NewFlood()
 	up := harness.StartHandler(t, f)
 	opts := func(stall string) string {
 		return fmt.Sprintf(`
@@ -122,18 +122,18 @@ func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
 	// about the same time, well within the 5s (however loaded the machine).
 	f.Hold("flood")
 	err := mcptest.Parallel(100, 8, func(i int) error {
-		cl := newClient(c.Base(), "2025-06-18")
-		if err := cl.initialize(); err != nil {
+		cl := harness.NewStreamClient(c.Base(), "2025-06-18")
+		if err := cl.Init(); err != nil {
 			return err
 		}
-		args := floodArgs(1000, 200) // 200 KB: over the bound, little in socket buffers
+		args := harness.FloodArgs(1000, 200) // 200 KB: over the bound, little in socket buffers
 		args.Pre, args.Hold = 1, "flood"
-		s, err := cl.call(1, "flood", args, 10*time.Second)
+		s, err := cl.CallStream(1, "flood", args, 10*time.Second)
 		if err != nil {
 			return err
 		}
-		s.next()
-		s.close()
+		s.Next()
+		s.Close()
 		return nil
 	})
 	if err != nil {
@@ -169,25 +169,25 @@ func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
 // to head-1, leave no memory behind that the bounds do not see.
 func TestRetainedBytesTrackTheHeap(t *testing.T) {
 	harness.MemoryStoreOnly(t, heapVersusRetained)
-	_, c := floodProxy(t, 0, `
+	_, c := harness.FloodProxy(t, 0, `
 			resume_window 10m
 			max_stream_bytes 32MiB
 			max_session_bytes 64MiB
 			max_total_bytes 64MiB`)
-	cl := session(t, c)
+	cl := harness.StreamSession(t, c)
 	base := mcptest.SettledHeap()
 	const n = 100000
 	for cycle := 1; cycle <= 5; cycle++ {
-		s, err := cl.call(cycle, "flood", floodArgs(n, 120), 20*time.Second)
+		s, err := cl.CallStream(cycle, "flood", harness.FloodArgs(n, 120), 20*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var tr tracker
-		if _, err := drain(cl, s, &tr, cycle, n+10, 0); err != nil || tr.progress != n {
-			t.Fatalf("cycle %d: %d events, %v", cycle, tr.progress, err)
+		var tr harness.Tracker
+		if _, err := harness.Drain(cl, s, &tr, cycle, n+10, 0); err != nil || tr.Progress != n {
+			t.Fatalf("cycle %d: %d events, %v", cycle, tr.Progress, err)
 		}
 		// The client acknowledges all but the last event.
-		id := tr.lastID[:strings.LastIndexByte(tr.lastID, '-')+1] + fmt.Sprint(tr.lastSeq-1)
+		id := tr.LastID[:strings.LastIndexByte(tr.LastID, '-')+1] + fmt.Sprint(tr.LastSeq-1)
 		resp, err := cl.Do(t.Context(), "GET", "", http.Header{"Last-Event-Id": {id}})
 		if err != nil {
 			t.Fatal(err)
@@ -232,19 +232,19 @@ func TestIdleStreamsGiveLargeBuffersBack(t *testing.T) {
 		t.Helper()
 		for ; n > 0; n-- {
 			opened++
-			cl := newClient(c.Base(), "2025-06-18")
-			if err := cl.initialize(); err != nil {
+			cl := harness.NewStreamClient(c.Base(), "2025-06-18")
+			if err := cl.Init(); err != nil {
 				t.Fatal(err)
 			}
-			s, err := cl.open("GET", "", nil, 20*time.Second)
+			s, err := cl.Open("GET", "", nil, 20*time.Second)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ev, err := s.next(); err != nil || len(ev.Data) < 4<<20 {
+			if ev, err := s.Next(); err != nil || len(ev.Data) < 4<<20 {
 				t.Fatalf("standalone event: %d bytes, %v", len(ev.Data), err)
 			}
-			s.close()
-			cl.close()
+			s.Close()
+			cl.Close()
 		}
 		// The relays notice their clients left as they do (not at once).
 		harness.WaitFor(t, 10*time.Second, "the upstream GETs to be read with no client", func() bool {
@@ -293,7 +293,7 @@ func TestMaxEventBytesIsOneSize(t *testing.T) {
 			max_stream_bytes 8192
 			max_event_bytes 8000
 			resume_window 1s`))
-	cl := session(t, c)
+	cl := harness.StreamSession(t, c)
 	limit := func() float64 {
 		m, _ := c.Metrics()
 		return m.Series[`caddy_mcp_resume_limit_rejections_total{limit="max_event_bytes"}`]
@@ -303,19 +303,19 @@ func TestMaxEventBytesIsOneSize(t *testing.T) {
 		ok     bool
 	}{{7999, true}, {8000, true}, {8001, false}} {
 		before := limit()
-		s, err := cl.call(tc.fields, "sized", map[string]int{"fields": tc.fields}, 10*time.Second)
+		s, err := cl.CallStream(tc.fields, "sized", map[string]int{"fields": tc.fields}, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var evs []mcptest.Event
 		for {
-			ev, err := s.next()
+			ev, err := s.Next()
 			if err != nil {
 				break
 			}
 			evs = append(evs, ev)
 		}
-		s.close()
+		s.Close()
 		failed := len(evs) > 0 && strings.Contains(evs[len(evs)-1].Data, "too_large")
 		if tc.ok == failed || tc.ok && len(evs) != 2 {
 			t.Fatalf("an event of %d bytes of fields: %d events, failed %v", tc.fields, len(evs), failed)
@@ -334,50 +334,50 @@ func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
 	// The window (4s) must outlast the first read (a second or so, more
 	// under -race on a loaded machine) and be shorter than the slow repeat
 	// (10s).
-	_, c := floodProxy(t, 0, `
+	_, c := harness.FloodProxy(t, 0, `
 			resume_window 4s
 			max_stream_bytes 64MiB
 			max_session_bytes 64MiB
 			max_total_bytes 128MiB`)
-	cl := session(t, c)
+	cl := harness.StreamSession(t, c)
 	const n = 20000
-	s, err := cl.call(1, "flood", floodArgs(n, 120), 20*time.Second)
+	s, err := cl.CallStream(1, "flood", harness.FloodArgs(n, 120), 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var first tracker
-	if _, err := drain(cl, s, &first, 1, n+10, 0); err != nil || first.progress != n {
-		t.Fatalf("first answer: %d events, %v", first.progress, err)
+	var first harness.Tracker
+	if _, err := harness.Drain(cl, s, &first, 1, n+10, 0); err != nil || first.Progress != n {
+		t.Fatalf("first answer: %d events, %v", first.Progress, err)
 	}
 	before, _ := c.Metrics()
 	// The same request again (same session, id and body), read slowly.
-	s, err = cl.call(1, "flood", floodArgs(n, 120), 20*time.Second)
+	s, err = cl.CallStream(1, "flood", harness.FloodArgs(n, 120), 20*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var again tracker
-	for !again.done {
-		ev, err := s.next()
+	var again harness.Tracker
+	for !again.Done {
+		ev, err := s.Next()
 		if err != nil {
-			t.Fatalf("after %d events of the repeat: %v", again.progress, err)
+			t.Fatalf("after %d events of the repeat: %v", again.Progress, err)
 		}
-		if err := again.take(ev, 1); err != nil {
+		if err := again.Take(ev, 1); err != nil {
 			t.Fatal(err)
 		}
-		if again.progress%1000 == 0 {
+		if again.Progress%1000 == 0 {
 			time.Sleep(500 * time.Millisecond) // 10 s in all: over twice the window
 		}
 	}
-	s.close()
-	if again.progress != n || again.errorMsg != "" || len(again.gaps) != 0 || again.epoch != first.epoch || again.stream != first.stream {
+	s.Close()
+	if again.Progress != n || again.ErrorMsg != "" || len(again.Gaps) != 0 || again.Epoch != first.Epoch || again.Stream != first.Stream {
 		t.Fatalf("the repeat got %d of %d events (error %q, gaps %+v), stream %s-%d (first %s-%d)",
-			again.progress, n, again.errorMsg, again.gaps, again.epoch, again.stream, first.epoch, first.stream)
+			again.Progress, n, again.ErrorMsg, again.Gaps, again.Epoch, again.Stream, first.Epoch, first.Stream)
 	}
 	after, _ := c.Metrics()
 	if d := after.Series["caddy_mcp_resume_repeated_requests_total"] - before.Series["caddy_mcp_resume_repeated_requests_total"]; d != 1 {
 		t.Fatalf("repeated_requests_total moved by %v: the repeat was not answered from the log", d)
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
 }
 
 // Ended streams leave their session (review item 6): a session that makes
@@ -385,16 +385,16 @@ func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
 // their events are gone, so its memory, its admin view and the work per
 // request stay bounded.
 func TestEndedStreamsLeaveTheSession(t *testing.T) {
-	_, c := floodProxy(t, 0, "resume_window 200ms")
-	cl := session(t, c)
+	_, c := harness.FloodProxy(t, 0, "resume_window 200ms")
+	cl := harness.StreamSession(t, c)
 	const calls = 1500
 	for i := 1; i <= calls; i++ {
-		s, err := cl.call(i, "flood", floodArgs(1, 120), 10*time.Second)
+		s, err := cl.CallStream(i, "flood", harness.FloodArgs(1, 120), 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var tr tracker
-		if _, err := drain(cl, s, &tr, i, 10, 0); err != nil {
+		var tr harness.Tracker
+		if _, err := harness.Drain(cl, s, &tr, i, 10, 0); err != nil {
 			t.Fatal(err)
 		}
 	}

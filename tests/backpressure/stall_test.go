@@ -181,7 +181,7 @@ func TestStallTimeoutFailsCallLoudly(t *testing.T) {
 	if v, _ := m.Sum(`caddy_mcp_resume_gaps_total{reason="stalled"}`); v < 1 {
 		t.Errorf(`gaps_total{reason="stalled"} = %v, want >= 1`, v)
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
 }
 
 func resultText(r *mcp.CallToolResult) string {
