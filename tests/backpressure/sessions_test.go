@@ -381,3 +381,60 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 	}
 	harness.AssertNoEarlyEviction(t, c)
 }
+
+// The reserve protects the clients that are there (review item 7): eight
+// sessions start chatty calls and hang up, filling what streams without a
+// client may hold; an unrelated client's call still gets every event.
+func TestTheReserveServesConnectedClients(t *testing.T) {
+	f, c := harness.FloodProxy(t, 0, `
+			max_total_bytes 1MiB
+			max_session_bytes 128KiB
+			max_stream_bytes 128KiB
+			stall_timeout 1m`)
+	f.Hold("flood")
+	for i := 0; i < 8; i++ {
+		cl := harness.NewStreamClient(c.Base(), "2025-06-18")
+		if err := cl.Init(); err != nil {
+			t.Fatal(err)
+		}
+		args := harness.FloodArgs(100000, 200)
+		args.Pre, args.Hold = 1, "flood" // the rest once every client has left
+		s, err := cl.CallStream(1, "flood", args, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Next()
+		s.Close() // hang up
+		defer cl.Close()
+	}
+	harness.WaitFor(t, 10*time.Second, "the clients to be gone", func() bool {
+		ss, _ := c.Sessions()
+		gone := 0
+		for _, se := range ss {
+			for _, st := range se.Streams {
+				if st.Kind == "request" && st.Head >= 1 && !st.Connected {
+					gone++
+				}
+			}
+		}
+		return gone == 8
+	})
+	f.Release("flood")
+	harness.WaitFor(t, 20*time.Second, "the hung-up sessions to fill what they may", func() bool {
+		m, _ := c.Metrics()
+		return m.Series["caddy_mcp_resume_stalled_streams"] == 8
+	})
+	cl := harness.StreamSession(t, c)
+	s, err := cl.CallStream(2, "flood", harness.FloodArgs(5, 200), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr harness.Tracker
+	if _, err := harness.Drain(cl, s, &tr, 2, 100, 0); err != nil {
+		harness.DumpState(t, c)
+		t.Fatal(err)
+	}
+	if tr.Progress != 5 || tr.ErrorMsg != "" || len(tr.Gaps) != 0 {
+		t.Fatalf("the connected client got %d of 5 events, error %q, gaps %+v", tr.Progress, tr.ErrorMsg, tr.Gaps)
+	}
+}

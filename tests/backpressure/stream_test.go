@@ -2,7 +2,9 @@ package backpressure
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -345,6 +347,113 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	}
 	if v, _ := m.Sum("caddy_mcp_resume_resumes_from_evicted_total"); v != 1 {
 		t.Errorf("resumes_from_evicted_total = %v, want 1", v)
+	}
+	harness.AssertNoEarlyEviction(t, c)
+}
+
+// An event within max_event_bytes is kept (review item 15.8): the bound is
+// on the event's fields as retained, the one size every check uses; a
+// larger one fails its stream as too_large and the limit metric says so.
+func TestMaxEventBytesIsOneSize(t *testing.T) {
+	up := &mcptest.Upstream{Tools: map[string]mcptest.Tool{"sized": func(w http.ResponseWriter, r *http.Request, req *mcptest.Request) {
+		var a struct{ Fields int }
+		fmt.Sscanf(string(req.Params.Arguments), `{"fields":%d}`, &a.Fields)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		// fields = "data: " + data + "\n", data a notification padded to size
+		pre := `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"`
+		post := `"}}`
+		pad := a.Fields - len("data: \n") - len(pre) - len(post)
+		fmt.Fprintf(w, "data: %s%s%s\n\n", pre, strings.Repeat("p", pad), post)
+		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{}}\n\n", req.ID)
+	}}}
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), `
+			max_stream_bytes 8192
+			max_event_bytes 8000
+			resume_window 1s`))
+	cl := harness.StreamSession(t, c)
+	limit := func() float64 {
+		m, _ := c.Metrics()
+		return m.Series[`caddy_mcp_resume_limit_rejections_total{limit="max_event_bytes"}`]
+	}
+	for _, tc := range []struct {
+		fields int
+		ok     bool
+	}{{7999, true}, {8000, true}, {8001, false}} {
+		before := limit()
+		s, err := cl.CallStream(tc.fields, "sized", map[string]int{"fields": tc.fields}, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var evs []mcptest.Event
+		for {
+			ev, err := s.Next()
+			if err != nil {
+				break
+			}
+			evs = append(evs, ev)
+		}
+		s.Close()
+		failed := len(evs) > 0 && strings.Contains(evs[len(evs)-1].Data, "too_large")
+		if tc.ok == failed || tc.ok && len(evs) != 2 {
+			t.Fatalf("an event of %d bytes of fields: %d events, failed %v", tc.fields, len(evs), failed)
+		}
+		if moved := limit() - before; (moved == 1) == tc.ok {
+			t.Fatalf("an event of %d bytes: limit_rejections_total{max_event_bytes} moved by %v", tc.fields, moved)
+		}
+	}
+}
+
+// A repeated request replayed over a slow link loses nothing (review item
+// 1): the first answer was read in full, and its events' window runs out
+// while the repeat still replays them to a slow client. The replay is a
+// resume from 0, and an attached reader protects what it has yet to read.
+func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
+	// The window (4s) must outlast the first read (a second or so, more
+	// under -race on a loaded machine) and be shorter than the slow repeat
+	// (10s).
+	_, c := harness.FloodProxy(t, 0, `
+			resume_window 4s
+			max_stream_bytes 64MiB
+			max_session_bytes 64MiB
+			max_total_bytes 128MiB`)
+	cl := harness.StreamSession(t, c)
+	const n = 20000
+	s, err := cl.CallStream(1, "flood", harness.FloodArgs(n, 120), 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first harness.Tracker
+	if _, err := harness.Drain(cl, s, &first, 1, n+10, 0); err != nil || first.Progress != n {
+		t.Fatalf("first answer: %d events, %v", first.Progress, err)
+	}
+	before, _ := c.Metrics()
+	// The same request again (same session, id and body), read slowly.
+	s, err = cl.CallStream(1, "flood", harness.FloodArgs(n, 120), 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again harness.Tracker
+	for !again.Done {
+		ev, err := s.Next()
+		if err != nil {
+			t.Fatalf("after %d events of the repeat: %v", again.Progress, err)
+		}
+		if err := again.Take(ev, 1); err != nil {
+			t.Fatal(err)
+		}
+		if again.Progress%1000 == 0 {
+			time.Sleep(500 * time.Millisecond) // 10 s in all: over twice the window
+		}
+	}
+	s.Close()
+	if again.Progress != n || again.ErrorMsg != "" || len(again.Gaps) != 0 || again.Epoch != first.Epoch || again.Stream != first.Stream {
+		t.Fatalf("the repeat got %d of %d events (error %q, gaps %+v), stream %s-%d (first %s-%d)",
+			again.Progress, n, again.ErrorMsg, again.Gaps, again.Epoch, again.Stream, first.Epoch, first.Stream)
+	}
+	after, _ := c.Metrics()
+	if d := after.Series["caddy_mcp_resume_repeated_requests_total"] - before.Series["caddy_mcp_resume_repeated_requests_total"]; d != 1 {
+		t.Fatalf("repeated_requests_total moved by %v: the repeat was not answered from the log", d)
 	}
 	harness.AssertNoEarlyEviction(t, c)
 }

@@ -1,4 +1,4 @@
-package backpressure
+package soak
 
 import (
 	"fmt"
