@@ -413,7 +413,7 @@ func TestMCP20260728PassesThrough(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the upstream request was not cancelled when the 2026-07-28 client left")
 	}
-	if n := len(adminSessions(t, c)); n != 0 {
+	if n := len(c.AdminSessions(t)); n != 0 {
 		t.Fatalf("the proxy holds %d sessions for pass-through traffic", n)
 	}
 }

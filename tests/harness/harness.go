@@ -8,6 +8,7 @@ package harness
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -270,5 +271,38 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	t.Helper()
 	if !mcptest.Eventually(timeout, 20*time.Millisecond, cond) {
 		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// AdminSessions is c.Sessions for a test's own goroutine.
+func (c *Caddy) AdminSessions(t testing.TB) []buffer.SessionInfo {
+	t.Helper()
+	s, err := c.Sessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// ConnectSDK connects an official Go SDK client (whose connections the
+// test can cut) to endpoint within 10s, and closes its session when the
+// test ends.
+func ConnectSDK(t testing.TB, endpoint, version string) *mcptest.SDKClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := mcptest.ConnectSDK(ctx, endpoint, version, 0)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { c.Session.Close() })
+	return c
+}
+
+// AssertOnceInOrder fails the test unless got is 1..n, each once, in order.
+func AssertOnceInOrder(t testing.TB, got []float64, n int) {
+	t.Helper()
+	if err := mcptest.OnceInOrder(got, n); err != nil {
+		t.Fatal(err)
 	}
 }
