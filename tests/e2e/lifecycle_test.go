@@ -52,6 +52,9 @@ func TestIdleSessionExpiresWithAGap(t *testing.T) {
 	resp := rc.Resume(ids[0])
 	defer resp.Body.Close()
 	evs := harness.ReadEvents(t, resp, 2)
+	if len(evs) < 2 {
+		t.Fatalf("want the gap and the call's error, the stream ended after %+v", evs)
+	}
 	var g struct{ Reason string }
 	if evs[0].Type != "gap" || json.Unmarshal([]byte(evs[0].Data), &g) != nil || g.Reason != "expired" {
 		t.Fatalf("want a gap with reason expired, got %+v", evs)
