@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -84,8 +85,14 @@ func Load(cfg Config) error {
 
 // Isolate points Caddy's home, config and data directories at a new
 // temporary directory, so that nothing reads or writes the user's; cleanup
-// removes it.
+// removes it. Go's own directories (build and module caches, its env file)
+// are pinned first to where they were: they default to places under HOME,
+// and a `go build` a test runs (a Caddy binary) would otherwise build
+// everything cold into the temporary directory, minutes on 2 cores.
 func Isolate() (cleanup func(), err error) {
+	if err := pinGoDirs(); err != nil {
+		return nil, err
+	}
 	dir, err := os.MkdirTemp("", "mcp-resume-")
 	if err != nil {
 		return nil, err
@@ -192,4 +199,30 @@ func getJSON(url string, v any) (int, error) {
 		return resp.StatusCode, nil
 	}
 	return resp.StatusCode, fmt.Errorf("GET %s: %s", url, resp.Status)
+}
+
+// goDirs are the go command's settings whose defaults lie under HOME.
+var goDirs = []string{"GOCACHE", "GOMODCACHE", "GOPATH", "GOENV"}
+
+// pinGoDirs sets each of goDirs in the environment to what the go command
+// uses now, so that changing HOME changes none of them. Without a go
+// command there is nothing to pin.
+func pinGoDirs() error {
+	if _, err := exec.LookPath("go"); err != nil {
+		return nil
+	}
+	out, err := exec.Command("go", append([]string{"env"}, goDirs...)...).Output()
+	if err != nil {
+		return fmt.Errorf("go env: %v", err)
+	}
+	vals := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	if len(vals) != len(goDirs) {
+		return fmt.Errorf("go env %v: %q", goDirs, out)
+	}
+	for i, k := range goDirs {
+		if vals[i] != "" {
+			os.Setenv(k, vals[i])
+		}
+	}
+	return nil
 }

@@ -44,7 +44,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 		// sessions alone would add 160 MiB.
 		perSessionOverhead = 288 << 10
 	)
-	f, c := floodProxy(t, 16<<10, `
+	f, c := harness.FloodProxy(t, 16<<10, `
 			max_stream_bytes 128KiB
 			max_session_bytes 256KiB
 			max_total_bytes 16MiB
@@ -62,17 +62,17 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 	kindName := [...]string{"fast", "slow", "vanished"}
 	type sess struct {
 		kind kind
-		cl   *client
-		tr   tracker
+		cl   *harness.StreamClient
+		tr   harness.Tracker
 		err  error
 	}
 	all := make([]*sess, 3*perKind)
 	bySID := make(map[string]*sess)
 	for i := range all {
-		all[i] = &sess{kind: kind(i % 3), cl: newClient(c.Base(), "2025-06-18")}
-		defer all[i].cl.close()
+		all[i] = &sess{kind: kind(i % 3), cl: harness.NewStreamClient(c.Base(), "2025-06-18")}
+		defer all[i].cl.Close()
 	}
-	if err := mcptest.Parallel(len(all), 16, func(i int) error { return all[i].cl.initialize() }); err != nil {
+	if err := mcptest.Parallel(len(all), 16, func(i int) error { return all[i].cl.Init() }); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range all {
@@ -162,26 +162,26 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 		go func(s *sess) {
 			defer func() { done <- kindName[s.kind] }()
 			n := map[kind]int{fast: nFast, slow: nSlow, vanished: nVanished}[s.kind]
-			st, err := s.cl.call(1, "flood", floodArgs(n, eventSize), 30*time.Second)
+			st, err := s.cl.CallStream(1, "flood", harness.FloodArgs(n, eventSize), 30*time.Second)
 			if err != nil {
 				s.err = err
 				return
 			}
-			defer st.close()
-			for !s.tr.done {
-				ev, err := st.next()
+			defer st.Close()
+			for !s.tr.Done {
+				ev, err := st.Next()
 				if err != nil {
-					s.err = fmt.Errorf("%s session %s after %d events: %w", kindName[s.kind], s.cl.SessionID, s.tr.events, err)
+					s.err = fmt.Errorf("%s session %s after %d events: %w", kindName[s.kind], s.cl.SessionID, s.tr.Events, err)
 					return
 				}
-				if err := s.tr.take(ev, 1); err != nil {
+				if err := s.tr.Take(ev, 1); err != nil {
 					s.err = fmt.Errorf("%s session %s: %w", kindName[s.kind], s.cl.SessionID, err)
 					return
 				}
 				switch {
-				case s.kind == vanished && s.tr.progress == 5:
+				case s.kind == vanished && s.tr.Progress == 5:
 					return // disconnects mid-stream, never comes back
-				case s.kind == slow && s.tr.progress%25 == 0:
+				case s.kind == slow && s.tr.Progress%25 == 0:
 					time.Sleep(100 * time.Millisecond)
 				}
 			}
@@ -229,16 +229,16 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 			continue
 		}
 		if s.kind == vanished {
-			fc := floodCall(t, f, s.cl.SessionID)
+			fc := harness.FloodCall(t, f, s.cl.SessionID)
 			if w := fc.Written.Load(); w >= nVanished*eventSize {
 				t.Errorf("vanished session %s: the upstream wrote all %d bytes", s.cl.SessionID, w)
 			}
 			continue
 		}
 		n := map[kind]int{fast: nFast, slow: nSlow}[s.kind]
-		if !s.tr.done || s.tr.progress != n || s.tr.lastSeq != uint64(n+1) || len(s.tr.gaps) > 0 || s.tr.errorMsg != "" {
+		if !s.tr.Done || s.tr.Progress != n || s.tr.LastSeq != uint64(n+1) || len(s.tr.Gaps) > 0 || s.tr.ErrorMsg != "" {
 			t.Errorf("%s session %s: progress %d, last seq %d, done %v, gaps %v, error %q",
-				kindName[s.kind], s.cl.SessionID, s.tr.progress, s.tr.lastSeq, s.tr.done, s.tr.gaps, s.tr.errorMsg)
+				kindName[s.kind], s.cl.SessionID, s.tr.Progress, s.tr.LastSeq, s.tr.Done, s.tr.Gaps, s.tr.ErrorMsg)
 		}
 	}
 	mu.Lock()
@@ -276,7 +276,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 	if slowStalled < perKind*9/10 {
 		t.Errorf("only %d of %d slow sessions were seen stalled", slowStalled, perKind)
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
 }
 
 // Slow consumers must not make the proxy hold more than max_total_bytes
@@ -309,16 +309,16 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 		perSession   = 9*(4<<10) + 32<<10 + 2*maxEvent + eventSize + 16<<10
 		processFixed = 4 << 20
 	)
-	_, c := floodProxy(t, 16<<10, `
+	_, c := harness.FloodProxy(t, 16<<10, `
 			max_stream_bytes 1MiB
 			max_session_bytes 1MiB
 			max_total_bytes 16MiB
 			max_event_bytes 64KiB
 			resume_window 1s
 			stall_timeout 60s`)
-	clients := make([]*client, sessions)
+	clients := make([]*harness.StreamClient, sessions)
 	for i := range clients {
-		clients[i] = session(t, c)
+		clients[i] = harness.StreamSession(t, c)
 	}
 	baseline := mcptest.SettledHeap()
 	stop := make(chan struct{})
@@ -326,24 +326,24 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, cl := range clients {
 		wg.Add(1)
-		go func(cl *client) {
+		go func(cl *harness.StreamClient) {
 			defer wg.Done()
-			st, err := cl.call(1, "flood", floodArgs(n, eventSize), 30*time.Second)
+			st, err := cl.CallStream(1, "flood", harness.FloodArgs(n, eventSize), 30*time.Second)
 			if err != nil {
 				errs <- err
 				return
 			}
-			defer st.close()
-			var tr tracker
+			defer st.Close()
+			var tr harness.Tracker
 			for {
 				select {
 				case <-stop:
 					return
 				case <-time.After(100 * time.Millisecond):
 				}
-				ev, err := st.next()
+				ev, err := st.Next()
 				if err == nil {
-					err = tr.take(ev, 1)
+					err = tr.Take(ev, 1)
 				}
 				if err != nil {
 					errs <- fmt.Errorf("session %s: %w", cl.SessionID, err)
@@ -379,5 +379,62 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 		t.Errorf("live heap grew by %.1f MiB > max_total_bytes + per-connection buffers = %.1f MiB: slow consumers make the proxy hold event data outside its retention bounds",
 			float64(grown)/(1<<20), float64(bound)/(1<<20))
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
+}
+
+// The reserve protects the clients that are there (review item 7): eight
+// sessions start chatty calls and hang up, filling what streams without a
+// client may hold; an unrelated client's call still gets every event.
+func TestTheReserveServesConnectedClients(t *testing.T) {
+	f, c := harness.FloodProxy(t, 0, `
+			max_total_bytes 1MiB
+			max_session_bytes 128KiB
+			max_stream_bytes 128KiB
+			stall_timeout 1m`)
+	f.Hold("flood")
+	for i := 0; i < 8; i++ {
+		cl := harness.NewStreamClient(c.Base(), "2025-06-18")
+		if err := cl.Init(); err != nil {
+			t.Fatal(err)
+		}
+		args := harness.FloodArgs(100000, 200)
+		args.Pre, args.Hold = 1, "flood" // the rest once every client has left
+		s, err := cl.CallStream(1, "flood", args, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Next()
+		s.Close() // hang up
+		defer cl.Close()
+	}
+	harness.WaitFor(t, 10*time.Second, "the clients to be gone", func() bool {
+		ss, _ := c.Sessions()
+		gone := 0
+		for _, se := range ss {
+			for _, st := range se.Streams {
+				if st.Kind == "request" && st.Head >= 1 && !st.Connected {
+					gone++
+				}
+			}
+		}
+		return gone == 8
+	})
+	f.Release("flood")
+	harness.WaitFor(t, 20*time.Second, "the hung-up sessions to fill what they may", func() bool {
+		m, _ := c.Metrics()
+		return m.Series["caddy_mcp_resume_stalled_streams"] == 8
+	})
+	cl := harness.StreamSession(t, c)
+	s, err := cl.CallStream(2, "flood", harness.FloodArgs(5, 200), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr harness.Tracker
+	if _, err := harness.Drain(cl, s, &tr, 2, 100, 0); err != nil {
+		harness.DumpState(t, c)
+		t.Fatal(err)
+	}
+	if tr.Progress != 5 || tr.ErrorMsg != "" || len(tr.Gaps) != 0 {
+		t.Fatalf("the connected client got %d of 5 events, error %q, gaps %+v", tr.Progress, tr.ErrorMsg, tr.Gaps)
+	}
 }

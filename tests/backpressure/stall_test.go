@@ -3,9 +3,11 @@ package backpressure
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -181,7 +183,7 @@ func TestStallTimeoutFailsCallLoudly(t *testing.T) {
 	if v, _ := m.Sum(`caddy_mcp_resume_gaps_total{reason="stalled"}`); v < 1 {
 		t.Errorf(`gaps_total{reason="stalled"} = %v, want >= 1`, v)
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
 }
 
 func resultText(r *mcp.CallToolResult) string {
@@ -195,4 +197,98 @@ func resultText(r *mcp.CallToolResult) string {
 		}
 	}
 	return b.String()
+}
+
+// A client reading at full speed is never failed (review item 2), even when
+// stall_timeout equals resume_window, as the defaults have it (here scaled
+// to 2s): its stream is slowed to max_stream_bytes per resume_window while
+// the window holds the room, but it is never stalled.
+func TestAFastReaderIsNeverFailed(t *testing.T) {
+	_, c := harness.FloodProxy(t, 0, `
+			resume_window 2s
+			stall_timeout 2s
+			max_stream_bytes 64KiB
+			max_session_bytes 64KiB`)
+	cl := harness.StreamSession(t, c)
+	const n = 1000
+	s, err := cl.CallStream(1, "flood", harness.FloodArgs(n, 200), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr harness.Tracker
+	if _, err := harness.Drain(cl, s, &tr, 1, n+10, 0); err != nil {
+		t.Fatal(err)
+	}
+	if tr.Progress != n || tr.ErrorMsg != "" || len(tr.Gaps) != 0 {
+		t.Fatalf("got %d of %d events, error %q, gaps %+v", tr.Progress, n, tr.ErrorMsg, tr.Gaps)
+	}
+	m, _ := c.Metrics()
+	if v := m.Series[`caddy_mcp_resume_streams_failed_total{reason="stalled"}`]; v != 0 {
+		t.Fatalf("streams_failed_total{stalled} = %v", v)
+	}
+	if v := m.Series["caddy_mcp_resume_backpressure_stalls_total"]; v == 0 {
+		t.Fatal("the bound was never reached: the test shows nothing")
+	}
+	harness.AssertNoEarlyEviction(t, c)
+}
+
+// Raising stall_timeout on reload does not make stalled appends spin
+// (review item 15.5): 100 stalled streams, stall_timeout 5s -> 60s, and the
+// process stays nearly idle (the old timer re-armed every millisecond and
+// burned ~1.9 cores until the new timeout).
+func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
+	f := harness.NewFlood()
+	up := harness.StartHandler(t, f)
+	opts := func(stall string) string {
+		return fmt.Sprintf(`
+			max_stream_bytes 16KiB
+			max_session_bytes 16KiB
+			max_total_bytes 64MiB
+			stall_timeout %s`, stall)
+	}
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(up, opts("5s")))
+	// The floods wait until every session is open, so all 100 stall at
+	// about the same time, well within the 5s (however loaded the machine).
+	f.Hold("flood")
+	err := mcptest.Parallel(100, 8, func(i int) error {
+		cl := harness.NewStreamClient(c.Base(), "2025-06-18")
+		if err := cl.Init(); err != nil {
+			return err
+		}
+		args := harness.FloodArgs(1000, 200) // 200 KB: over the bound, little in socket buffers
+		args.Pre, args.Hold = 1, "flood"
+		s, err := cl.CallStream(1, "flood", args, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		s.Next()
+		s.Close()
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Release("flood")
+	harness.WaitFor(t, 5*time.Second, "100 stalled streams", func() bool {
+		m, _ := c.Metrics()
+		return m.Series["caddy_mcp_resume_stalled_streams"] == 100
+	})
+	c.Load(t, mcptest.ResumeRoute(up, opts("60s")))
+	time.Sleep(6 * time.Second) // past the old timeout
+	cpu := func() time.Duration {
+		var ru syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	before := cpu()
+	time.Sleep(2 * time.Second)
+	used := cpu() - before
+	t.Logf("CPU over 2s with 100 stalled streams after the reload: %v", used)
+	if used > time.Second {
+		t.Fatalf("%v of CPU in 2s: stalled appends spin", used)
+	}
+	m, _ := c.Metrics()
+	if v := m.Series[`caddy_mcp_resume_streams_failed_total{reason="stalled"}`]; v != 0 {
+		t.Fatalf("%v streams failed under the raised timeout", v)
+	}
 }

@@ -2,7 +2,9 @@ package backpressure
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -83,9 +85,9 @@ func tcpRmemMax(t *testing.T) int64 {
 // Caddy whose stream bound is 256 KiB, starts a call of n events and reads
 // the first 8 progress events, as both stream tests begin.
 func startFlood(t *testing.T, eventSize, n, upstreamSndbuf int, resumeWindow string) (
-	upPort int, c *harness.Caddy, cl *client, s *sseStream, tr *tracker, fc *mcptest.Call) {
+	upPort int, c *harness.Caddy, cl *harness.StreamClient, s *harness.Stream, tr *harness.Tracker, fc *mcptest.Call) {
 	t.Helper()
-	f := newFlood()
+	f := harness.NewFlood()
 	up := harness.StartHandlerSndbuf(t, f, upstreamSndbuf)
 	upPort = portOf(t, up)
 	c = harness.StartCaddy(t, mcptest.ResumeRoute(up, `
@@ -95,29 +97,29 @@ func startFlood(t *testing.T, eventSize, n, upstreamSndbuf int, resumeWindow str
 			max_event_bytes 64KiB
 			resume_window `+resumeWindow+`
 			stall_timeout 60s`))
-	cl = newClient(c.Base(), "2025-06-18")
-	if err := cl.initialize(); err != nil {
-		cl.close()
+	cl = harness.NewStreamClient(c.Base(), "2025-06-18")
+	if err := cl.Init(); err != nil {
+		cl.Close()
 		t.Fatal(err)
 	}
-	s, err := cl.call(1, "flood", floodArgs(n, eventSize), 15*time.Second)
+	s, err := cl.CallStream(1, "flood", harness.FloodArgs(n, eventSize), 15*time.Second)
 	if err != nil {
-		cl.close()
+		cl.Close()
 		t.Fatal(err)
 	}
-	tr = &tracker{}
-	for tr.progress < 8 {
-		ev, err := s.next()
+	tr = &harness.Tracker{}
+	for tr.Progress < 8 {
+		ev, err := s.Next()
 		if err != nil {
-			cl.close()
+			cl.Close()
 			t.Fatalf("reading the first events: %v", err)
 		}
-		if err := tr.take(ev, 1); err != nil {
-			cl.close()
+		if err := tr.Take(ev, 1); err != nil {
+			cl.Close()
 			t.Fatal(err)
 		}
 	}
-	return upPort, c, cl, s, tr, floodCall(t, f, cl.SessionID)
+	return upPort, c, cl, s, tr, harness.FloodCall(t, f, cl.SessionID)
 }
 
 // A client that stops reading a tool call's stream stops the upstream: the
@@ -152,12 +154,12 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 		userspaceSlack = 4<<10 + 32<<10 + maxEvent
 	)
 	upPort, c, cl, s, tr, fc := startFlood(t, eventSize, n, upstreamSndbuf, "20s")
-	defer cl.close()
+	defer cl.Close()
 
 	// The client stops reading; its connection stays open.
 	maxRetained := waitStalled(t, c, fc, nil)
 	written := fc.Written.Load()
-	read := int64(tr.progress) * eventSize
+	read := int64(tr.Progress) * eventSize
 	gap := written - read
 	upTx, upRx, err := mcptest.QueuedBytes(upPort)
 	if err != nil {
@@ -168,7 +170,7 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("paused: upstream wrote %d B (%d events), client read %d B (%d events): written-read = %d B; max_stream_bytes %d",
-		written, fc.Events.Load(), read, tr.progress, gap, maxStream)
+		written, fc.Events.Load(), read, tr.Progress, gap, maxStream)
 	t.Logf("kernel queues: upstream connection tx %d + rx %d B; client connection tx %d + rx %d B; max stream retained_bytes seen %d",
 		upTx, upRx, clTx, clRx, maxRetained)
 	if written >= int64(n*eventSize) {
@@ -199,23 +201,23 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 	// reads everything, exactly once. Each resume acknowledges what it has
 	// read; with a 20s window that is what frees the log, so it re-resumes
 	// every 128 events.
-	s.close()
-	rs, err := cl.resume(tr.lastID, 15*time.Second)
+	s.Close()
+	rs, err := cl.ResumeStream(tr.LastID, 15*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	resumes, err := drain(cl, rs, tr, 1, 128, 2*n/128+8)
+	resumes, err := harness.Drain(cl, rs, tr, 1, 128, 2*n/128+8)
 	resumes++
 	if err != nil {
-		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.progress, n, fc.Events.Load())
+		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.Progress, n, fc.Events.Load())
 	}
-	if len(tr.gaps) > 0 || tr.errorMsg != "" {
-		t.Fatalf("gaps %v, error %q", tr.gaps, tr.errorMsg)
+	if len(tr.Gaps) > 0 || tr.ErrorMsg != "" {
+		t.Fatalf("gaps %v, error %q", tr.Gaps, tr.ErrorMsg)
 	}
-	if tr.progress != n || tr.lastSeq != n+1 {
-		t.Fatalf("got %d progress events, last seq %d; want %d and %d", tr.progress, tr.lastSeq, n, n+1)
+	if tr.Progress != n || tr.LastSeq != n+1 {
+		t.Fatalf("got %d progress events, last seq %d; want %d and %d", tr.Progress, tr.LastSeq, n, n+1)
 	}
-	upstreamFinished(t, fc)
+	harness.UpstreamFinished(t, fc)
 	t.Logf("resumed %d times; every one of %d events arrived exactly once, then the response", resumes, n+1)
 	if !mcptest.Eventually(5*time.Second, 20*time.Millisecond, func() bool {
 		ss, err := c.Sessions()
@@ -231,7 +233,7 @@ func TestStreamBackpressureBoundsUpstream(t *testing.T) {
 	if v, _ := m.Sum("caddy_mcp_resume_backpressure_stalls_total"); v < 1 {
 		t.Errorf("backpressure_stalls_total = %v, want >= 1", v)
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
 }
 
 // The same slow consumer with resume_window 1s. Events written into the
@@ -258,14 +260,14 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 		userspaceSlack = 4<<10 + 32<<10 + maxEvent
 	)
 	upPort, c, cl, s, tr, fc := startFlood(t, eventSize, n, upstreamSndbuf, "1s")
-	defer cl.close()
-	readSeq := tr.lastSeq
+	defer cl.Close()
+	readSeq := tr.LastSeq
 
 	// Wait until what went into the client's socket was evicted (the floor
 	// passed what the client read) and the upstream stopped again.
 	maxRetained := waitStalled(t, c, fc, func(st buffer.StreamInfo) bool { return st.Floor > readSeq+1 })
 	written := fc.Written.Load()
-	read := int64(tr.progress) * eventSize
+	read := int64(tr.Progress) * eventSize
 	gap := written - read
 	upTx, upRx, _ := mcptest.QueuedBytes(upPort)
 	clTx, clRx, _ := mcptest.QueuedBytes(c.HTTPPort)
@@ -295,12 +297,12 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	}
 
 	// Resume from the last event read: a loud, exact gap, then the rest.
-	s.close()
-	rs, err := cl.resume(tr.lastID, 15*time.Second)
+	s.Close()
+	rs, err := cl.ResumeStream(tr.LastID, 15*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	first, err := rs.next()
+	first, err := rs.Next()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,26 +321,26 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Reason != "evicted" || g.LastEventID != tr.lastID || g.Lost <= 0 ||
+	if g.Reason != "evicted" || g.LastEventID != tr.LastID || g.Lost <= 0 ||
 		moved.Seq != readSeq+uint64(g.Lost) || from.Seq != moved.Seq+1 {
 		t.Fatalf("gap %s with id %s after reading up to seq %d", first.Data, first.ID, readSeq)
 	}
-	if err := tr.take(first, 1); err != nil {
+	if err := tr.Take(first, 1); err != nil {
 		t.Fatal(err)
 	}
-	resumes, err := drain(cl, rs, tr, 1, 128, 2*n/128+8)
+	resumes, err := harness.Drain(cl, rs, tr, 1, 128, 2*n/128+8)
 	if err != nil {
-		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.progress, n, fc.Events.Load())
+		t.Fatalf("%v (progress %d of %d, upstream wrote %d events)", err, tr.Progress, n, fc.Events.Load())
 	}
-	if tr.errorMsg != "" || len(tr.gaps) != 1 || len(tr.warnings) != 1 || !strings.Contains(tr.warnings[0], "evicted") {
-		t.Fatalf("error %q, gaps %+v, warnings %q", tr.errorMsg, tr.gaps, tr.warnings)
+	if tr.ErrorMsg != "" || len(tr.Gaps) != 1 || len(tr.Warnings) != 1 || !strings.Contains(tr.Warnings[0], "evicted") {
+		t.Fatalf("error %q, gaps %+v, warnings %q", tr.ErrorMsg, tr.Gaps, tr.Warnings)
 	}
-	if tr.lastSeq != n+1 || tr.events+tr.lost != n+1 || tr.progress != n {
-		t.Fatalf("read %d events + %d reported lost, last seq %d; want %d in all", tr.events, tr.lost, tr.lastSeq, n+1)
+	if tr.LastSeq != n+1 || tr.Events+tr.Lost != n+1 || tr.Progress != n {
+		t.Fatalf("read %d events + %d reported lost, last seq %d; want %d in all", tr.Events, tr.Lost, tr.LastSeq, n+1)
 	}
-	upstreamFinished(t, fc)
+	harness.UpstreamFinished(t, fc)
 	t.Logf("gap: %d events reported lost (they sat unread in the client's socket past resume_window), %d read exactly once, %d resumes after the gap",
-		tr.lost, tr.events, resumes)
+		tr.Lost, tr.Events, resumes)
 	m, err := c.Metrics()
 	if err != nil {
 		t.Fatal(err)
@@ -346,5 +348,112 @@ func TestStreamBackpressureShortWindow(t *testing.T) {
 	if v, _ := m.Sum("caddy_mcp_resume_resumes_from_evicted_total"); v != 1 {
 		t.Errorf("resumes_from_evicted_total = %v, want 1", v)
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
+}
+
+// An event within max_event_bytes is kept (review item 15.8): the bound is
+// on the event's fields as retained, the one size every check uses; a
+// larger one fails its stream as too_large and the limit metric says so.
+func TestMaxEventBytesIsOneSize(t *testing.T) {
+	up := &mcptest.Upstream{Tools: map[string]mcptest.Tool{"sized": func(w http.ResponseWriter, r *http.Request, req *mcptest.Request) {
+		var a struct{ Fields int }
+		fmt.Sscanf(string(req.Params.Arguments), `{"fields":%d}`, &a.Fields)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		// fields = "data: " + data + "\n", data a notification padded to size
+		pre := `{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"`
+		post := `"}}`
+		pad := a.Fields - len("data: \n") - len(pre) - len(post)
+		fmt.Fprintf(w, "data: %s%s%s\n\n", pre, strings.Repeat("p", pad), post)
+		fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{}}\n\n", req.ID)
+	}}}
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), `
+			max_stream_bytes 8192
+			max_event_bytes 8000
+			resume_window 1s`))
+	cl := harness.StreamSession(t, c)
+	limit := func() float64 {
+		m, _ := c.Metrics()
+		return m.Series[`caddy_mcp_resume_limit_rejections_total{limit="max_event_bytes"}`]
+	}
+	for _, tc := range []struct {
+		fields int
+		ok     bool
+	}{{7999, true}, {8000, true}, {8001, false}} {
+		before := limit()
+		s, err := cl.CallStream(tc.fields, "sized", map[string]int{"fields": tc.fields}, 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var evs []mcptest.Event
+		for {
+			ev, err := s.Next()
+			if err != nil {
+				break
+			}
+			evs = append(evs, ev)
+		}
+		s.Close()
+		failed := len(evs) > 0 && strings.Contains(evs[len(evs)-1].Data, "too_large")
+		if tc.ok == failed || tc.ok && len(evs) != 2 {
+			t.Fatalf("an event of %d bytes of fields: %d events, failed %v", tc.fields, len(evs), failed)
+		}
+		if moved := limit() - before; (moved == 1) == tc.ok {
+			t.Fatalf("an event of %d bytes: limit_rejections_total{max_event_bytes} moved by %v", tc.fields, moved)
+		}
+	}
+}
+
+// A repeated request replayed over a slow link loses nothing (review item
+// 1): the first answer was read in full, and its events' window runs out
+// while the repeat still replays them to a slow client. The replay is a
+// resume from 0, and an attached reader protects what it has yet to read.
+func TestRepeatedRequestOverASlowLinkLosesNothing(t *testing.T) {
+	// The window (4s) must outlast the first read (a second or so, more
+	// under -race on a loaded machine) and be shorter than the slow repeat
+	// (10s).
+	_, c := harness.FloodProxy(t, 0, `
+			resume_window 4s
+			max_stream_bytes 64MiB
+			max_session_bytes 64MiB
+			max_total_bytes 128MiB`)
+	cl := harness.StreamSession(t, c)
+	const n = 20000
+	s, err := cl.CallStream(1, "flood", harness.FloodArgs(n, 120), 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var first harness.Tracker
+	if _, err := harness.Drain(cl, s, &first, 1, n+10, 0); err != nil || first.Progress != n {
+		t.Fatalf("first answer: %d events, %v", first.Progress, err)
+	}
+	before, _ := c.Metrics()
+	// The same request again (same session, id and body), read slowly.
+	s, err = cl.CallStream(1, "flood", harness.FloodArgs(n, 120), 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again harness.Tracker
+	for !again.Done {
+		ev, err := s.Next()
+		if err != nil {
+			t.Fatalf("after %d events of the repeat: %v", again.Progress, err)
+		}
+		if err := again.Take(ev, 1); err != nil {
+			t.Fatal(err)
+		}
+		if again.Progress%1000 == 0 {
+			time.Sleep(500 * time.Millisecond) // 10 s in all: over twice the window
+		}
+	}
+	s.Close()
+	if again.Progress != n || again.ErrorMsg != "" || len(again.Gaps) != 0 || again.Epoch != first.Epoch || again.Stream != first.Stream {
+		t.Fatalf("the repeat got %d of %d events (error %q, gaps %+v), stream %s-%d (first %s-%d)",
+			again.Progress, n, again.ErrorMsg, again.Gaps, again.Epoch, again.Stream, first.Epoch, first.Stream)
+	}
+	after, _ := c.Metrics()
+	if d := after.Series["caddy_mcp_resume_repeated_requests_total"] - before.Series["caddy_mcp_resume_repeated_requests_total"]; d != 1 {
+		t.Fatalf("repeated_requests_total moved by %v: the repeat was not answered from the log", d)
+	}
+	harness.AssertNoEarlyEviction(t, c)
 }

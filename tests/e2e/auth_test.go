@@ -154,7 +154,7 @@ func TestGoSDKBearerRotation(t *testing.T) {
 	if got := resultText(res); got != fmt.Sprintf("counted to %d", n) {
 		t.Fatalf("result %q", got)
 	}
-	assertOnceInOrder(t, client.ProgressAfterCall(n), n)
+	harness.AssertOnceInOrder(t, client.ProgressAfterCall(n), n)
 	mu.Lock()
 	got := append(resumes[:0:0], resumes...)
 	mu.Unlock()

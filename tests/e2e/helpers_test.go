@@ -3,7 +3,6 @@ package e2e
 import (
 	"testing"
 
-	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
@@ -16,13 +15,4 @@ func proxyFor(t *testing.T, opts demoserver.Options, moduleOptions string) (*har
 	upstream := harness.StartDemo(t, opts)
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, moduleOptions))
 	return c, upstream
-}
-
-func adminSessions(t *testing.T, c *harness.Caddy) []buffer.SessionInfo {
-	t.Helper()
-	s, err := c.Sessions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }

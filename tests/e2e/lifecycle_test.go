@@ -20,7 +20,7 @@ func TestDeletePurgesTheSession(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "")
 	rc := harness.NewSession(t, c.Base(), "2025-06-18")
 	ids := startCut(t, rc, 1, 3, 1, 10)
-	if n := len(adminSessions(t, c)); n != 1 {
+	if n := len(c.AdminSessions(t)); n != 1 {
 		t.Fatalf("%d sessions before DELETE", n)
 	}
 	resp := rc.Request("DELETE", "", nil)
@@ -28,7 +28,7 @@ func TestDeletePurgesTheSession(t *testing.T) {
 	if resp.StatusCode/100 != 2 {
 		t.Fatalf("DELETE: %d", resp.StatusCode)
 	}
-	if n := len(adminSessions(t, c)); n != 0 {
+	if n := len(c.AdminSessions(t)); n != 0 {
 		t.Fatalf("%d sessions after DELETE: the logs were not purged", n)
 	}
 	resp = rc.Resume(ids[0])
@@ -48,10 +48,13 @@ func TestIdleSessionExpiresWithAGap(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "session_idle_timeout 1s")
 	rc := harness.NewSession(t, c.Base(), "2025-06-18")
 	ids := startCut(t, rc, 1, 100, 1, 100) // a 10 s tool, left running
-	harness.WaitFor(t, 10*time.Second, "the idle session to expire", func() bool { return len(adminSessions(t, c)) == 0 })
+	harness.WaitFor(t, 10*time.Second, "the idle session to expire", func() bool { return len(c.AdminSessions(t)) == 0 })
 	resp := rc.Resume(ids[0])
 	defer resp.Body.Close()
 	evs := harness.ReadEvents(t, resp, 2)
+	if len(evs) < 2 {
+		t.Fatalf("want the gap and the call's error, the stream ended after %+v", evs)
+	}
 	var g struct{ Reason string }
 	if evs[0].Type != "gap" || json.Unmarshal([]byte(evs[0].Data), &g) != nil || g.Reason != "expired" {
 		t.Fatalf("want a gap with reason expired, got %+v", evs)

@@ -13,21 +13,6 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-// sdkClient is an official Go SDK client whose connections the test can cut.
-type sdkClient = mcptest.SDKClient
-
-func connectSDK(t *testing.T, endpoint, version string) *sdkClient {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := mcptest.ConnectSDK(ctx, endpoint, version, 0)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { c.Session.Close() })
-	return c
-}
-
 func countTo(ctx context.Context, s *mcp.ClientSession, n, intervalMS int) (*mcp.CallToolResult, error) {
 	return s.CallTool(ctx, countParams(n, intervalMS))
 }
@@ -46,7 +31,7 @@ func TestToolCallSurvivesConnectionCut(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				c, _ := proxyFor(t, demoserver.Options{}, "")
-				client := connectSDK(t, c.Base()+"/mcp", version)
+				client := harness.ConnectSDK(t, c.Base()+"/mcp", version)
 				const n = 12
 				cut := client.CutAfter(4, reset)
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -65,23 +50,16 @@ func TestToolCallSurvivesConnectionCut(t *testing.T) {
 				// the last may be dispatched just after the result.
 				harness.WaitFor(t, 5*time.Second, "progress", func() bool { return len(client.ProgressSeen()) >= n })
 				time.Sleep(100 * time.Millisecond)
-				assertOnceInOrder(t, client.ProgressAfterCall(n), n)
+				harness.AssertOnceInOrder(t, client.ProgressAfterCall(n), n)
 			})
 		}
-	}
-}
-
-func assertOnceInOrder(t *testing.T, got []float64, n int) {
-	t.Helper()
-	if err := mcptest.OnceInOrder(got, n); err != nil {
-		t.Fatal(err)
 	}
 }
 
 // Why the module exists: the same cut without the proxy loses the call.
 func TestToolCallWithoutProxyIsLost(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{})
-	client := connectSDK(t, "http://"+upstream+"/mcp", "2025-11-25")
+	client := harness.ConnectSDK(t, "http://"+upstream+"/mcp", "2025-11-25")
 	cut := client.CutAfter(4, false)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -99,13 +77,13 @@ func TestStandaloneStreamSurvivesConnectionCut(t *testing.T) {
 	for _, reset := range []bool{false, true} {
 		t.Run(fmt.Sprintf("reset=%v", reset), func(t *testing.T) {
 			c, _ := proxyFor(t, demoserver.Options{}, "")
-			client := connectSDK(t, c.Base()+"/mcp", "2025-11-25")
+			client := harness.ConnectSDK(t, c.Base()+"/mcp", "2025-11-25")
 			const n = 10
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			// Let the standalone GET reach the upstream before notices are sent.
 			harness.WaitFor(t, 5*time.Second, "standalone stream", func() bool {
-				s := adminSessions(t, c)
+				s := c.AdminSessions(t)
 				return len(s) == 1 && len(s[0].Streams) == 1
 			})
 			cut := client.CutAfter(3, reset)

@@ -8,6 +8,7 @@ package harness
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -115,6 +116,17 @@ func SharedStoreOnly(t testing.TB, why string) {
 // started: a new one per StartCaddy, the same across its reloads.
 const storeDirEnv = "MCPR_TEST_STORE_DIR"
 
+// NewStoreDir gives the next Caddy started (in-process or as a process,
+// which inherits the environment) a new embedded JetStream directory, in
+// the JetStream leg of a suite: the store block of mcptest.ResumeRoute
+// names it. StartCaddy calls it; a test that runs Caddy otherwise must.
+func NewStoreDir(t testing.TB) {
+	t.Helper()
+	if SharedStore() {
+		os.Setenv(storeDirEnv, t.TempDir())
+	}
+}
+
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
@@ -168,9 +180,7 @@ func StartCaddyWithGlobal(t testing.TB, global, site string) *Caddy {
 func StartCaddyWithSites(t testing.TB, global, site string, more ...mcptest.Site) *Caddy {
 	t.Helper()
 	c := &Caddy{HTTPPort: CaddyPort(t), AdminPort: CaddyPort(t)}
-	if mcptest.StoreBlock != "" {
-		os.Setenv(storeDirEnv, t.TempDir())
-	}
+	NewStoreDir(t)
 	err := mcptest.Load(mcptest.Config{
 		AdminPort: c.AdminPort, HTTPPort: c.HTTPPort, HTTPSPort: CaddyPort(t), Global: global,
 		Sites: append([]mcptest.Site{{Port: c.HTTPPort, Body: site}}, more...),
@@ -261,5 +271,38 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 	t.Helper()
 	if !mcptest.Eventually(timeout, 20*time.Millisecond, cond) {
 		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// AdminSessions is c.Sessions for a test's own goroutine.
+func (c *Caddy) AdminSessions(t testing.TB) []buffer.SessionInfo {
+	t.Helper()
+	s, err := c.Sessions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// ConnectSDK connects an official Go SDK client (whose connections the
+// test can cut) to endpoint within 10s, and closes its session when the
+// test ends.
+func ConnectSDK(t testing.TB, endpoint, version string) *mcptest.SDKClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := mcptest.ConnectSDK(ctx, endpoint, version, 0)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { c.Session.Close() })
+	return c
+}
+
+// AssertOnceInOrder fails the test unless got is 1..n, each once, in order.
+func AssertOnceInOrder(t testing.TB, got []float64, n int) {
+	t.Helper()
+	if err := mcptest.OnceInOrder(got, n); err != nil {
+		t.Fatal(err)
 	}
 }

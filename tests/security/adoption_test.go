@@ -32,7 +32,7 @@ func TestMadeUpSessionsCannotLockOutInitialize(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		_, err = finish(resp, nil)
+		_, err = harness.Finish(resp, nil)
 		return err
 	})
 	if err != nil {
@@ -48,14 +48,14 @@ func TestMadeUpSessionsCannotLockOutInitialize(t *testing.T) {
 	}
 	// Now max_sessions is reached: a 2025 initialize gets 503, a 2026-07-28
 	// one (no resumption to hold) passes through untouched.
-	x := must(t)(newClient(c.Base(), "2025-06-18", nil).Do(ctx, "POST",
+	x := harness.Must(t)(newClient(c.Base(), "2025-06-18", nil).Do(ctx, "POST",
 		`{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"late","version":"1"}}}`, nil))
-	if code, _ := rpcError(t, x, http.StatusServiceUnavailable); code == 0 || !strings.Contains(string(x.body), `"id":7`) {
-		t.Fatalf("503 body %s: want the initialize's id", x.body)
+	if code, _ := harness.RPCError(t, x, http.StatusServiceUnavailable); code == 0 || !strings.Contains(string(x.Body), `"id":7`) {
+		t.Fatalf("503 body %s: want the initialize's id", x.Body)
 	}
-	x = must(t)(newClient(c.Base(), "2026-07-28", nil).Do(ctx, "POST",
+	x = harness.Must(t)(newClient(c.Base(), "2026-07-28", nil).Do(ctx, "POST",
 		`{"jsonrpc":"2.0","id":8,"method":"initialize","params":{"protocolVersion":"2026-07-28","capabilities":{},"clientInfo":{"name":"new","version":"1"}}}`, nil))
-	if x.status != http.StatusOK {
+	if x.Status != http.StatusOK {
 		t.Fatalf("2026-07-28 initialize with max_sessions reached: %s, want the upstream's answer", x)
 	}
 
@@ -66,8 +66,8 @@ func TestMadeUpSessionsCannotLockOutInitialize(t *testing.T) {
 	for i := 0; i < 100; i++ {
 		cl := anon.WithHeader(nil)
 		cl.SessionID = fmt.Sprintf("ghost-%d", i)
-		x := must(t)(cl.Resume(ctx, eventid.ID{Epoch: "abcdefgh", Stream: 0, Seq: 3}.String()))
-		if x.status != http.StatusMethodNotAllowed { // what this upstream answers a GET
+		x := harness.Must(t)(cl.Resume(ctx, eventid.ID{Epoch: "abcdefgh", Stream: 0, Seq: 3}.String()))
+		if x.Status != http.StatusMethodNotAllowed { // what this upstream answers a GET
 			t.Fatalf("GET for a made-up session: %s, want the upstream's answer", x)
 		}
 	}
@@ -111,9 +111,9 @@ func TestStolenSessionCannotBeTakenOver(t *testing.T) {
 	})
 	thief := owner.WithHeader(cred("Authorization", "Bearer thief"))
 	for _, id := range []string{cursor, eventid.ID{Epoch: "abcdefgh", Stream: 0, Seq: 1}.String()} {
-		rpcError(t, must(t)(thief.Resume(ctx, id)), http.StatusForbidden)
+		harness.RPCError(t, harness.Must(t)(thief.Resume(ctx, id)), http.StatusForbidden)
 	}
-	rpcError(t, must(t)(thief.Do(ctx, "POST", mcptest.CallBody(9, "echo", map[string]any{"text": "thief"}, ""), nil)), http.StatusForbidden)
+	harness.RPCError(t, harness.Must(t)(thief.Do(ctx, "POST", mcptest.CallBody(9, "echo", map[string]any{"text": "thief"}, ""), nil)), http.StatusForbidden)
 	if _, held := adminSession(t, c, owner.SessionID); held {
 		t.Fatal("the thief's requests adopted the session")
 	}
@@ -159,9 +159,9 @@ func TestLateCursorsAfterAPurgeGetGaps(t *testing.T) {
 			call := evs[1].ID
 			purge(t, c, cl.SessionID)
 			resumeCall := func() {
-				x := must(t)(cl.Resume(ctx, call))
-				if x.status != 200 || len(x.events) != 2 || x.events[0].Type != "gap" || !strings.Contains(x.events[0].Data, "purged") ||
-					!strings.Contains(x.events[1].Data, `"id":4,"error":{"code":-32010`) {
+				x := harness.Must(t)(cl.Resume(ctx, call))
+				if x.Status != 200 || len(x.Events) != 2 || x.Events[0].Type != "gap" || !strings.Contains(x.Events[0].Data, "purged") ||
+					!strings.Contains(x.Events[1].Data, `"id":4,"error":{"code":-32010`) {
 					t.Fatalf("resume of the call after the purge: %s", x)
 				}
 			}
@@ -196,13 +196,13 @@ func TestSessionsWithoutResumptionAreNeverTapped(t *testing.T) {
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), ""))
 	cl := mustInit(t, newClient(c.Base(), "2026-07-28", nil))
 	cl.Version = "" // the next POST carries no MCP-Protocol-Version
-	x := must(t)(cl.Call(ctx, 3, "count", map[string]any{"n": 2}, "p"))
-	for _, ev := range x.events {
+	x := harness.Must(t)(cl.Call(ctx, 3, "count", map[string]any{"n": 2}, "p"))
+	for _, ev := range x.Events {
 		if ev.ID != "" {
 			t.Fatalf("a 2026-07-28 session's stream was tapped: %s", x)
 		}
 	}
-	if len(x.events) != 3 {
+	if len(x.Events) != 3 {
 		t.Fatalf("stream %s", x)
 	}
 	if s, held := adminSession(t, c, cl.SessionID); held && len(s.Streams) > 0 {
@@ -220,9 +220,9 @@ func TestRepeatedRequestsNeverGetAnotherStream(t *testing.T) {
 	cl := mustInit(t, newClient(c.Base(), "2025-06-18", nil))
 	body3 := mcptest.CallBody(3, "echo", map[string]any{"text": "three"}, "")
 	body5 := mcptest.CallBody(5, "echo", map[string]any{"text": "five"}, "")
-	first := must(t)(cl.Do(ctx, "POST", body3, nil))
-	must(t)(cl.Do(ctx, "POST", body5, nil))
-	epoch := mustParseID(t, first.events[0].ID).Epoch
+	first := harness.Must(t)(cl.Do(ctx, "POST", body3, nil))
+	harness.Must(t)(cl.Do(ctx, "POST", body5, nil))
+	epoch := mustParseID(t, first.Events[0].ID).Epoch
 	purge(t, c, cl.SessionID)
 	// The client comes back: its standalone stream adopts the session.
 	r, err := cl.Resume(ctx, eventid.ID{Epoch: epoch, Stream: 0, Seq: 0}.String())
@@ -231,9 +231,9 @@ func TestRepeatedRequestsNeverGetAnotherStream(t *testing.T) {
 	}
 	mcptest.ReadEvents(r.Body, 1, 10*time.Second)
 	r.Body.Close()
-	must(t)(cl.Do(ctx, "POST", body5, nil)) // stream 1 of the new incarnation answers 5
-	x := must(t)(cl.Do(ctx, "POST", body3, nil))
-	if !strings.Contains(string(x.body), `"id":3`) || strings.Contains(string(x.body), "five") {
+	harness.Must(t)(cl.Do(ctx, "POST", body5, nil)) // stream 1 of the new incarnation answers 5
+	x := harness.Must(t)(cl.Do(ctx, "POST", body3, nil))
+	if !strings.Contains(string(x.Body), `"id":3`) || strings.Contains(string(x.Body), "five") {
 		t.Fatalf("re-sent request 3 got %s", x)
 	}
 }

@@ -36,12 +36,12 @@ func (e *badEnv) id(stream uint32, seq uint64) string {
 type badInput struct {
 	name string
 	want string // the expectation, for the log
-	send func(e *badEnv) (exchange, error)
+	send func(e *badEnv) (harness.Exchange, error)
 	// status is the status the proxy must answer; 0 means the upstream
 	// decides (the row's check compares with it).
 	status int
 	rpcErr bool // the body must be a JSON-RPC error (application/json)
-	check  func(t *testing.T, e *badEnv, x exchange)
+	check  func(t *testing.T, e *badEnv, x harness.Exchange)
 }
 
 // TestBadInputs sends bad input of every kind through a real Caddy to the
@@ -68,8 +68,8 @@ func TestBadInputs(t *testing.T) {
 	e.main = mustInit(t, newClient(caddy.Base(), "2025-03-26", nil))
 	e.direct = newClient("http://"+upstream, e.main.Version, nil)
 	e.direct.SessionID = e.main.SessionID
-	setup := must(t)(e.main.Call(ctx, 1, "echo", map[string]any{"text": "main-secret-5a7"}, "main"))
-	ids, err := checkIDs(setup.events)
+	setup := harness.Must(t)(e.main.Call(ctx, 1, "echo", map[string]any{"text": "main-secret-5a7"}, "main"))
+	ids, err := harness.CheckIDs(setup.Events)
 	if err != nil || len(ids) != 1 {
 		t.Fatalf("setup call: %v: %s", err, setup)
 	}
@@ -87,14 +87,14 @@ func TestBadInputs(t *testing.T) {
 			}
 			switch {
 			case row.rpcErr:
-				rpcError(t, x, row.status)
-			case row.status != 0 && x.status != row.status:
+				harness.RPCError(t, x, row.status)
+			case row.status != 0 && x.Status != row.status:
 				t.Fatalf("want status %d, got %s", row.status, x)
 			}
-			if x.status >= 500 && x.status != http.StatusServiceUnavailable {
+			if x.Status >= 500 && x.Status != http.StatusServiceUnavailable {
 				t.Fatalf("server error: %s", x)
 			}
-			noLeak(t, "the answer", x.body, "main-secret-5a7", "bg-a-call", "bg-b-call")
+			noLeak(t, "the answer", x.Body, "main-secret-5a7", "bg-a-call", "bg-b-call")
 			if row.check != nil {
 				row.check(t, e, x)
 			}
@@ -109,8 +109,8 @@ func TestBadInputs(t *testing.T) {
 	// streams of the max_streams_per_session row are out of their window).
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		x, err := finish(e.main.Call(ctx, 9999, "echo", map[string]any{"text": "after all rows"}, "main"))
-		if err == nil && strings.Contains(string(x.body), "after all rows") {
+		x, err := harness.Finish(e.main.Call(ctx, 9999, "echo", map[string]any{"text": "after all rows"}, "main"))
+		if err == nil && strings.Contains(string(x.Body), "after all rows") {
 			break
 		}
 		if err == nil || !strings.Contains(err.Error(), ": 503 ") || time.Now().After(deadline) {
@@ -124,19 +124,19 @@ func TestBadInputs(t *testing.T) {
 }
 
 func badInputRows(ctx context.Context) []badInput {
-	get := func(lastID func(e *badEnv) string) func(e *badEnv) (exchange, error) {
-		return func(e *badEnv) (exchange, error) { return finish(e.main.Resume(ctx, lastID(e))) }
+	get := func(lastID func(e *badEnv) string) func(e *badEnv) (harness.Exchange, error) {
+		return func(e *badEnv) (harness.Exchange, error) { return harness.Finish(e.main.Resume(ctx, lastID(e))) }
 	}
-	raw := func(headersOnly bool, lines func(e *badEnv) []string) func(e *badEnv) (exchange, error) {
-		return func(e *badEnv) (exchange, error) {
-			return rawExchange(e.host, rawGet(e.host, e.main.SessionID, e.main.Version, lines(e)...), headersOnly)
+	raw := func(headersOnly bool, lines func(e *badEnv) []string) func(e *badEnv) (harness.Exchange, error) {
+		return func(e *badEnv) (harness.Exchange, error) {
+			return harness.RawExchange(e.host, harness.RawGet(e.host, e.main.SessionID, e.main.Version, lines(e)...), headersOnly)
 		}
 	}
 	malformed := func(name, want string, lastID func(e *badEnv) string) badInput {
 		return badInput{name: name, want: want, send: get(lastID), status: 400, rpcErr: true}
 	}
-	post := func(body string, extra http.Header) func(e *badEnv) (exchange, error) {
-		return func(e *badEnv) (exchange, error) { return finish(e.main.Do(ctx, "POST", body, extra)) }
+	post := func(body string, extra http.Header) func(e *badEnv) (harness.Exchange, error) {
+		return func(e *badEnv) (harness.Exchange, error) { return harness.Finish(e.main.Do(ctx, "POST", body, extra)) }
 	}
 	// upstreamDecides: the proxy answers what the upstream answers the same
 	// bytes (sent straight to it afterwards, in the same session).
@@ -144,28 +144,28 @@ func badInputRows(ctx context.Context) []badInput {
 		return badInput{
 			name: name, want: "what the upstream answers the same request (the proxy must not crash or interfere)",
 			send: post(body, extra),
-			check: func(t *testing.T, e *badEnv, x exchange) {
-				d, err := finish(e.direct.Do(ctx, "POST", body, extra))
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
+				d, err := harness.Finish(e.direct.Do(ctx, "POST", body, extra))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if d.status != x.status || mcptest.MediaType(d.header) != mcptest.MediaType(x.header) {
+				if d.Status != x.Status || mcptest.MediaType(d.Header) != mcptest.MediaType(x.Header) {
 					t.Fatalf("proxy %s, upstream %s", x, d)
 				}
-				if mcptest.MediaType(x.header) == "text/event-stream" {
-					if _, err := checkIDs(x.events); err != nil {
+				if mcptest.MediaType(x.Header) == "text/event-stream" {
+					if _, err := harness.CheckIDs(x.Events); err != nil {
 						t.Fatal(err)
 					}
-					if len(x.events) == 0 || len(d.events) == 0 {
+					if len(x.Events) == 0 || len(d.Events) == 0 {
 						t.Fatalf("proxy %s, upstream %s", x, d)
 					}
-					pm, _ := decode(x.events[len(x.events)-1].Data)
-					um, _ := decode(d.events[len(d.events)-1].Data)
+					pm, _ := harness.Decode(x.Events[len(x.Events)-1].Data)
+					um, _ := harness.Decode(d.Events[len(d.Events)-1].Data)
 					if string(pm.ID) != string(um.ID) || (pm.Error == nil) != (um.Error == nil) {
-						t.Fatalf("proxy's final message %s, upstream's %s", x.events[len(x.events)-1].Data, d.events[len(d.events)-1].Data)
+						t.Fatalf("proxy's final message %s, upstream's %s", x.Events[len(x.Events)-1].Data, d.Events[len(d.Events)-1].Data)
 					}
 				}
-				t.Logf("proxy and upstream both: %d %s", x.status, mcptest.MediaType(x.header))
+				t.Logf("proxy and upstream both: %d %s", x.Status, mcptest.MediaType(x.Header))
 			},
 		}
 	}
@@ -179,8 +179,8 @@ func badInputRows(ctx context.Context) []badInput {
 		{
 			name: "Last-Event-ID empty", want: "treated as absent: 200, the session's standalone stream",
 			send: raw(true, func(e *badEnv) []string { return []string{"Last-Event-ID:"} }), status: 200,
-			check: func(t *testing.T, e *badEnv, x exchange) {
-				if mcptest.MediaType(x.header) != "text/event-stream" {
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
+				if mcptest.MediaType(x.Header) != "text/event-stream" {
 					t.Fatalf("not a stream: %s", x)
 				}
 			},
@@ -188,9 +188,9 @@ func badInputRows(ctx context.Context) []badInput {
 		{
 			name: "Last-Event-ID of 10 KB", want: "400, a JSON-RPC error that does not echo it",
 			send: get(func(e *badEnv) string { return e.id(e.stream, 0) + strings.Repeat("7", 10<<10) }), status: 400, rpcErr: true,
-			check: func(t *testing.T, e *badEnv, x exchange) {
-				if len(x.body) > 1024 {
-					t.Fatalf("error body of %d bytes", len(x.body))
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
+				if len(x.Body) > 1024 {
+					t.Fatalf("error body of %d bytes", len(x.Body))
 				}
 			},
 		},
@@ -213,9 +213,9 @@ func badInputRows(ctx context.Context) []badInput {
 			send: raw(false, func(e *badEnv) []string {
 				return []string{"Last-Event-ID: " + e.id(e.stream, e.head), "id: evil-1-1", "event: gap", "data: {\"injected\":true}"}
 			}), status: 204,
-			check: func(t *testing.T, e *badEnv, x exchange) {
-				noLeak(t, "the stream", x.body, "evil", "injected")
-				if len(x.events) != 0 {
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
+				noLeak(t, "the stream", x.Body, "evil", "injected")
+				if len(x.Events) != 0 {
 					t.Fatalf("events at head: %s", x)
 				}
 			},
@@ -249,31 +249,31 @@ func badInputRows(ctx context.Context) []badInput {
 			func(e *badEnv) string { return e.bgs[0].lastID() }),
 		{
 			name: "main's Last-Event-ID under a background session's Mcp-Session-Id", want: "400 (the epoch is not that session's)",
-			send: func(e *badEnv) (exchange, error) {
+			send: func(e *badEnv) (harness.Exchange, error) {
 				bg := e.main.WithHeader(nil)
 				bg.SessionID = e.bgs[0].c.SessionID
-				return finish(bg.Resume(ctx, e.id(e.stream, 0)))
+				return harness.Finish(bg.Resume(ctx, e.id(e.stream, 0)))
 			},
 			status: 400, rpcErr: true,
 		},
 		{
 			name: "main's Last-Event-ID without Mcp-Session-Id", want: "passes through: what the upstream answers, and no events",
-			send: func(e *badEnv) (exchange, error) {
-				return finish(e.main.Do(ctx, "GET", "", http.Header{"Last-Event-Id": {e.id(e.stream, 0)}, "Mcp-Session-Id": nil}))
+			send: func(e *badEnv) (harness.Exchange, error) {
+				return harness.Finish(e.main.Do(ctx, "GET", "", http.Header{"Last-Event-Id": {e.id(e.stream, 0)}, "Mcp-Session-Id": nil}))
 			},
-			check: func(t *testing.T, e *badEnv, x exchange) {
-				d, err := finish(e.direct.Do(ctx, "GET", "", http.Header{"Last-Event-Id": {e.id(e.stream, 0)}, "Mcp-Session-Id": nil}))
-				if err != nil || d.status != x.status || x.status == 200 {
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
+				d, err := harness.Finish(e.direct.Do(ctx, "GET", "", http.Header{"Last-Event-Id": {e.id(e.stream, 0)}, "Mcp-Session-Id": nil}))
+				if err != nil || d.Status != x.Status || x.Status == 200 {
 					t.Fatalf("proxy %s, upstream %s (%v)", x, d, err)
 				}
 			},
 		},
 		{
 			name: "main's Last-Event-ID under an unknown Mcp-Session-Id", want: "the upstream's 404 (the session is unknown there too), no events",
-			send: func(e *badEnv) (exchange, error) {
+			send: func(e *badEnv) (harness.Exchange, error) {
 				c := e.main.WithHeader(nil)
 				c.SessionID = "no-such-session-4711"
-				return finish(c.Resume(ctx, e.id(e.stream, 0)))
+				return harness.Finish(c.Resume(ctx, e.id(e.stream, 0)))
 			},
 			status: 404,
 		},
@@ -282,16 +282,16 @@ func badInputRows(ctx context.Context) []badInput {
 		{
 			name: "batch of two tools/call", want: "200, one SSE stream answering ids 201 and 202 under contiguous proxy ids",
 			send: post(`[`+echo("201")+`,`+echo("202")+`]`, nil), status: 200,
-			check: func(t *testing.T, e *badEnv, x exchange) {
-				if _, err := checkIDs(x.events); err != nil {
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
+				if _, err := harness.CheckIDs(x.Events); err != nil {
 					t.Fatal(err)
 				}
 				answered := map[string]bool{}
-				for _, ev := range x.events {
+				for _, ev := range x.Events {
 					var msgs []mcptest.Message
 					if strings.HasPrefix(ev.Data, "[") {
 						json.Unmarshal([]byte(ev.Data), &msgs)
-					} else if m, ok := decode(ev.Data); ok {
+					} else if m, ok := harness.Decode(ev.Data); ok {
 						msgs = []mcptest.Message{m}
 					}
 					for _, m := range msgs {
@@ -332,51 +332,51 @@ func badInputRows(ctx context.Context) []badInput {
 		},
 		{
 			name: "chunked body larger than max_request_bytes", want: "413 with a JSON-RPC error body",
-			send: func(e *badEnv) (exchange, error) {
+			send: func(e *badEnv) (harness.Exchange, error) {
 				body := fmt.Sprintf(`{"jsonrpc":"2.0","id":305,"method":"tools/call","params":{"name":"echo","arguments":{"text":%q}}}`, big)
 				req, _ := http.NewRequest("POST", e.main.URL, io.MultiReader(strings.NewReader(body))) // no length: chunked
 				req.Header.Set("Content-Type", "application/json; charset=utf-8")
 				req.Header.Set("Accept", "application/json, text/event-stream")
 				req.Header.Set("Mcp-Session-Id", e.main.SessionID)
 				req.Header.Set("Mcp-Protocol-Version", e.main.Version)
-				return finish(e.main.HTTP.Do(req))
+				return harness.Finish(e.main.HTTP.Do(req))
 			},
 			status: 413, rpcErr: true,
 		},
 		{
 			name: "upstream event larger than max_event_bytes", want: "200, then event: gap (reason too_large) and a JSON-RPC error for id 401, both in the log: a resume from before the gap gets them again, a resume from the end gets 204",
 			send: post(`{"jsonrpc":"2.0","id":401,"method":"tools/call","params":{"name":"big","arguments":{"bytes":100000}}}`, nil), status: 200,
-			check: func(t *testing.T, e *badEnv, x exchange) {
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
 				gapID := checkTooLarge(t, x, "401")
 				before := mustParseID(t, gapID)
 				before.Seq--
-				r := must(t)(e.main.Resume(ctx, before.String()))
-				if r.status != 200 {
+				r := harness.Must(t)(e.main.Resume(ctx, before.String()))
+				if r.Status != 200 {
 					t.Fatalf("resume of the failed stream before its gap %s: %s", gapID, r)
 				}
 				checkTooLarge(t, r, "401")
-				end := must(t)(e.main.Resume(ctx, r.events[len(r.events)-1].ID))
-				if end.status != http.StatusNoContent {
+				end := harness.Must(t)(e.main.Resume(ctx, r.Events[len(r.Events)-1].ID))
+				if end.Status != http.StatusNoContent {
 					t.Fatalf("resume at the end of the failed stream: %s, want 204", end)
 				}
 			},
 		},
 		{
 			name: "max_sessions reached", want: "the 4th initialize gets 503 with Retry-After and a JSON-RPC error body",
-			send: func(e *badEnv) (exchange, error) {
+			send: func(e *badEnv) (harness.Exchange, error) {
 				c := newClient(e.caddy.Base(), "2025-03-26", nil)
-				return finish(c.Do(ctx, "POST", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"4th","version":"1"}}}`, nil))
+				return harness.Finish(c.Do(ctx, "POST", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-03-26","capabilities":{},"clientInfo":{"name":"4th","version":"1"}}}`, nil))
 			},
 			status: 503, rpcErr: true,
-			check: func(t *testing.T, e *badEnv, x exchange) {
-				if x.header.Get("Retry-After") == "" || x.header.Get("Mcp-Session-Id") != "" {
-					t.Fatalf("want Retry-After and no session: %v", x.header)
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
+				if x.Header.Get("Retry-After") == "" || x.Header.Get("Mcp-Session-Id") != "" {
+					t.Fatalf("want Retry-After and no session: %v", x.Header)
 				}
 			},
 		},
 		{
 			name: "max_streams_per_session reached", want: "503 with Retry-After and a JSON-RPC error body; the streams already open complete in full",
-			send: func(e *badEnv) (exchange, error) {
+			send: func(e *badEnv) (harness.Exchange, error) {
 				var open []*http.Response
 				defer func() {
 					for _, r := range open {
@@ -388,23 +388,23 @@ func badInputRows(ctx context.Context) []badInput {
 					// loaded machine opens them: only live streams count.
 					resp, err := e.main.Do(ctx, "POST", mcptest.CallBody(500+k, "count", map[string]any{"n": 80, "interval_ms": 100}, fmt.Sprint("limit-", k)), nil)
 					if err != nil {
-						return exchange{}, err
+						return harness.Exchange{}, err
 					}
 					if resp.StatusCode == 200 {
 						open = append(open, resp)
 						continue
 					}
-					x, err := finish(resp, nil)
+					x, err := harness.Finish(resp, nil)
 					if err != nil {
 						return x, err
 					}
 					// Every stream opened before the refusal completes in full.
 					for i, r := range open {
-						o, err := finish(r, nil)
+						o, err := harness.Finish(r, nil)
 						if err != nil {
 							return x, err
 						}
-						if _, err := checkIDs(o.events); err != nil || len(o.events) != 81 {
+						if _, err := harness.CheckIDs(o.Events); err != nil || len(o.Events) != 81 {
 							return x, fmt.Errorf("stream %d opened before the limit: %v: %s", i, err, o)
 						}
 					}
@@ -413,12 +413,12 @@ func badInputRows(ctx context.Context) []badInput {
 					}
 					return x, nil
 				}
-				return exchange{}, fmt.Errorf("no 503 after %d open streams", len(open))
+				return harness.Exchange{}, fmt.Errorf("no 503 after %d open streams", len(open))
 			},
 			status: 503, rpcErr: true,
-			check: func(t *testing.T, e *badEnv, x exchange) {
-				if x.header.Get("Retry-After") == "" {
-					t.Fatalf("no Retry-After: %v", x.header)
+			check: func(t *testing.T, e *badEnv, x harness.Exchange) {
+				if x.Header.Get("Retry-After") == "" {
+					t.Fatalf("no Retry-After: %v", x.Header)
 				}
 			},
 		},
@@ -438,11 +438,11 @@ func mustParseID(t *testing.T, id string) eventid.ID {
 // checkTooLarge checks a stream that failed on an oversized upstream event:
 // a gap event with reason too_large, then a JSON-RPC error for the request,
 // then the end. It returns the gap's id (the client's new cursor).
-func checkTooLarge(t *testing.T, x exchange, reqID string) string {
+func checkTooLarge(t *testing.T, x harness.Exchange, reqID string) string {
 	t.Helper()
 	var gap *mcptest.Event
 	var errFor bool
-	for i, ev := range x.events {
+	for i, ev := range x.Events {
 		switch {
 		case ev.Type == "gap":
 			var g mcptest.Gap
@@ -452,9 +452,9 @@ func checkTooLarge(t *testing.T, x exchange, reqID string) string {
 			if _, err := eventid.Parse(ev.ID); err != nil {
 				t.Fatalf("gap event without a proxy id: %+v", ev)
 			}
-			gap = &x.events[i]
+			gap = &x.Events[i]
 		case gap != nil:
-			m, ok := decode(ev.Data)
+			m, ok := harness.Decode(ev.Data)
 			if !ok || string(m.ID) != reqID || m.Error == nil || m.Error.Code > -32000 || m.Error.Code < -32099 {
 				t.Fatalf("after the gap, want a JSON-RPC error for id %s, got %q", reqID, ev.Data)
 			}

@@ -1,16 +1,11 @@
 package security
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -37,181 +32,6 @@ func mustInit(t *testing.T, c *mcptest.Client) *mcptest.Client {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// exchange is a finished request: status, headers, the whole body, and the
-// events in it when it was SSE.
-type exchange struct {
-	status int
-	header http.Header
-	body   []byte
-	events []mcptest.Event
-}
-
-func (x exchange) String() string {
-	b := x.body
-	if len(b) > 600 {
-		b = append(b[:600:600], "…"...)
-	}
-	return fmt.Sprintf("%d %s %q", x.status, x.header.Get("Content-Type"), b)
-}
-
-// finish reads the response to its end.
-func finish(resp *http.Response, err error) (exchange, error) {
-	if err != nil {
-		return exchange{}, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	x := exchange{status: resp.StatusCode, header: resp.Header, body: body}
-	if err != nil {
-		return x, fmt.Errorf("reading body: %v (after %d bytes)", err, len(body))
-	}
-	if mcptest.MediaType(resp.Header) == "text/event-stream" {
-		x.events, err = parseSSE(body)
-	}
-	return x, err
-}
-
-func mustFinish(t *testing.T, resp *http.Response, err error) exchange {
-	t.Helper()
-	x, err := finish(resp, err)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return x
-}
-
-// must is mustFinish for a call returning (*http.Response, error):
-// must(t)(c.resume(id)).
-func must(t *testing.T) func(*http.Response, error) exchange {
-	return func(resp *http.Response, err error) exchange {
-		t.Helper()
-		return mustFinish(t, resp, err)
-	}
-}
-
-// parseSSE splits a complete SSE body into events, strictly (see
-// streamEvents).
-func parseSSE(body []byte) ([]mcptest.Event, error) {
-	var evs []mcptest.Event
-	err := streamEvents(bytes.NewReader(body), func(ev mcptest.Event) bool {
-		evs = append(evs, ev)
-		return true
-	})
-	return evs, err
-}
-
-// streamEvents reads SSE events as they arrive and calls fn for each,
-// until the body ends or fn returns false. The reader is strict: the proxy
-// re-frames upstream events with LF only and the fields it knows, so
-// anything else from it is an error.
-func streamEvents(r io.Reader, fn func(mcptest.Event) bool) error {
-	sr := mcptest.NewSSEReader(r, 64<<10)
-	sr.Strict = true
-	for {
-		ev, err := sr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if !fn(ev) {
-			return nil
-		}
-	}
-}
-
-// rpcError checks that x is status with a JSON-RPC error body (Content-Type
-// application/json, an "error" object with a code and a message) and
-// returns the error.
-func rpcError(t *testing.T, x exchange, status int) (code int, message string) {
-	t.Helper()
-	if x.status != status {
-		t.Fatalf("want %d with a JSON-RPC error, got %s", status, x)
-	}
-	if mt := mcptest.MediaType(x.header); mt != "application/json" {
-		t.Fatalf("want Content-Type application/json, got %q (%s)", mt, x)
-	}
-	var m struct {
-		JSONRPC string `json:"jsonrpc"`
-		Error   *struct {
-			Code    *int   `json:"code"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(x.body, &m); err != nil || m.JSONRPC != "2.0" || m.Error == nil || m.Error.Code == nil || m.Error.Message == "" {
-		t.Fatalf("want a JSON-RPC error object, got %s (%v)", x, err)
-	}
-	return *m.Error.Code, m.Error.Message
-}
-
-func decode(data string) (mcptest.Message, bool) {
-	m, err := mcptest.DecodeMessage(data)
-	return m, err == nil
-}
-
-// checkIDs checks that every event carries a proxy ID of one stream, with
-// contiguous seqs (a leading priming event at seq 0 allowed), and returns
-// the parsed IDs.
-func checkIDs(evs []mcptest.Event) ([]eventid.ID, error) {
-	var out []eventid.ID
-	for i, ev := range evs {
-		id, err := eventid.Parse(ev.ID)
-		if err != nil {
-			return nil, fmt.Errorf("event %d: id %q is not a proxy id: %+v", i, ev.ID, ev)
-		}
-		if i > 0 {
-			prev := out[i-1]
-			if id.Epoch != prev.Epoch || id.Stream != prev.Stream {
-				return nil, fmt.Errorf("event %d: id %s after %s: another stream", i, ev.ID, prev)
-			}
-			if id.Seq != prev.Seq+1 && ev.Type != "gap" {
-				return nil, fmt.Errorf("event %d: id %s after %s: not contiguous", i, ev.ID, prev)
-			}
-		}
-		out = append(out, id)
-	}
-	return out, nil
-}
-
-// rawExchange writes raw request bytes on a fresh connection and reads one
-// response. With headersOnly the body is not read (an open stream).
-func rawExchange(addr, request string, headersOnly bool) (exchange, error) {
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err != nil {
-		return exchange{}, err
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := io.WriteString(conn, request); err != nil {
-		return exchange{}, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return exchange{}, fmt.Errorf("reading response: %v", err)
-	}
-	if headersOnly {
-		return exchange{status: resp.StatusCode, header: resp.Header}, nil
-	}
-	return finish(resp, nil)
-}
-
-// rawGet builds a GET /mcp with the given header lines (each without CRLF;
-// they are written verbatim, so they may carry anything).
-func rawGet(host, sid, version string, lines ...string) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "GET /mcp HTTP/1.1\r\nHost: %s\r\nAccept: text/event-stream\r\nConnection: close\r\n", host)
-	if sid != "" {
-		fmt.Fprintf(&b, "Mcp-Session-Id: %s\r\nMcp-Protocol-Version: %s\r\n", sid, version)
-	}
-	for _, l := range lines {
-		b.WriteString(l)
-		b.WriteString("\r\n")
-	}
-	b.WriteString("\r\n")
-	return b.String()
 }
 
 // background is a session that keeps a long tool call streaming, call after
@@ -288,7 +108,7 @@ func (b *background) oneCall(k, intervalMS int) error {
 		result   bool
 		perr     error
 	)
-	err = streamEvents(resp.Body, func(ev mcptest.Event) bool {
+	err = harness.StreamEvents(resp.Body, func(ev mcptest.Event) bool {
 		id, err := eventid.Parse(ev.ID)
 		if err != nil {
 			perr = fmt.Errorf("event without a proxy id: %+v", ev)
@@ -309,7 +129,7 @@ func (b *background) oneCall(k, intervalMS int) error {
 			perr = fmt.Errorf("event after the final result: %+v", ev)
 			return false
 		}
-		m, ok := decode(ev.Data)
+		m, ok := harness.Decode(ev.Data)
 		switch {
 		case !ok || (ev.Type != "" && ev.Type != "message"):
 			perr = fmt.Errorf("unexpected event %+v", ev)

@@ -52,15 +52,15 @@ func aliceWithJWT(t *testing.T, extra func(mux *http.ServeMux)) (*harness.Caddy,
 	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, mux), ""))
 	alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer "+iss.Mint("alice", time.Hour))))
 	const secret = "alice-secret-result-5e1d"
-	x := must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "alice-progress"))
-	if len(x.events) < 3 {
+	x := harness.Must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "alice-progress"))
+	if len(x.Events) < 3 {
 		t.Fatalf("alice's call: %s", x)
 	}
-	y := must(t)(alice.Call(t.Context(), 2, "echo", map[string]any{"text": secret}, "a"))
-	if !strings.Contains(string(y.body), secret) {
+	y := harness.Must(t)(alice.Call(t.Context(), 2, "echo", map[string]any{"text": secret}, "a"))
+	if !strings.Contains(string(y.Body), secret) {
 		t.Fatalf("alice's echo: %s", y)
 	}
-	return caddy, iss, alice, x.events[0].ID, secret
+	return caddy, iss, alice, x.Events[0].ID, secret
 }
 
 // Any path under the route (route /mcp*) reaches the proxy: the credential
@@ -71,7 +71,7 @@ func aliceWithJWT(t *testing.T, extra func(mux *http.ServeMux)) (*harness.Caddy,
 func TestARequestOnAnotherPathCannotEndTheSession(t *testing.T) {
 	caddy, _, alice, cursor, _ := aliceWithJWT(t, nil)
 	mallory := at(alice.WithHeader(cred("Authorization", "Bearer mallory-junk")), caddy.Base()+"/mcpx")
-	x, err := finish(mallory.Resume(t.Context(), cursor))
+	x, err := harness.Finish(mallory.Resume(t.Context(), cursor))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,8 +79,8 @@ func TestARequestOnAnotherPathCannotEndTheSession(t *testing.T) {
 	if _, held := adminSession(t, caddy, alice.SessionID); !held {
 		t.Fatal("alice's session is gone from the proxy after a request with another token on /mcpx: the upstream's 404 (no such path) for the ping was taken for 'session lost'")
 	}
-	y := must(t)(alice.Resume(t.Context(), cursor))
-	if y.status != http.StatusOK || len(y.events) == 0 {
+	y := harness.Must(t)(alice.Resume(t.Context(), cursor))
+	if y.Status != http.StatusOK || len(y.Events) == 0 {
 		t.Fatalf("alice's resume after mallory's request: %s, want her replay", y)
 	}
 }
@@ -101,22 +101,22 @@ func TestAnotherPathCannotVouchForAForgedJWT(t *testing.T) {
 	})
 	forged := "Bearer " + forgeJWT("none", iss.Issuer, "alice")
 	mallory := alice.WithHeader(cred("Authorization", forged))
-	x, err := finish(at(mallory, caddy.Base()+"/mcp-health").Resume(t.Context(), cursor))
+	x, err := harness.Finish(at(mallory, caddy.Base()+"/mcp-health").Resume(t.Context(), cursor))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(x.events) > 0 {
-		t.Errorf("mallory's forged JWT on /mcp-health got %d of alice's events: %s", len(x.events), x)
+	if len(x.Events) > 0 {
+		t.Errorf("mallory's forged JWT on /mcp-health got %d of alice's events: %s", len(x.Events), x)
 	}
 	// And on the real endpoint, with the same forged token, nothing asked.
-	y, err := finish(mallory.Resume(t.Context(), cursor))
+	y, err := harness.Finish(mallory.Resume(t.Context(), cursor))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(y.events) > 0 || strings.Contains(string(y.body), "alice-progress") {
+	if len(y.Events) > 0 || strings.Contains(string(y.Body), "alice-progress") {
 		t.Errorf("mallory's forged JWT then reads alice's log on /mcp: %s", y)
 	}
-	noLeak(t, "mallory", append(x.body, y.body...), secret)
+	noLeak(t, "mallory", append(x.Body, y.Body...), secret)
 }
 
 // An upstream that does not verify tokens (the demo server with no auth, an upstream behind a
@@ -131,17 +131,17 @@ func TestForgedJWTsGetNothingFromAnUpstreamThatVerifiesNone(t *testing.T) {
 	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
 	const issuer = "https://as.example.test"
 	alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer "+mcptest.NewJWTIssuer(issuer).Mint("alice", time.Hour))))
-	x := must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "alice-progress"))
-	if len(x.events) < 3 {
+	x := harness.Must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "alice-progress"))
+	if len(x.Events) < 3 {
 		t.Fatalf("alice's call: %s", x)
 	}
 	for _, alg := range []string{"none", "HS256"} {
 		mallory := alice.WithHeader(cred("Authorization", "Bearer "+forgeJWT(alg, issuer, "alice")))
-		y, err := finish(mallory.Resume(t.Context(), x.events[0].ID))
+		y, err := harness.Finish(mallory.Resume(t.Context(), x.Events[0].ID))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(y.events) > 0 {
+		if len(y.Events) > 0 {
 			t.Errorf("alg %s: a forged JWT naming alice read her log (upstream verifies nothing): %s", alg, y)
 		}
 	}
@@ -173,11 +173,11 @@ func rotated(t *testing.T, answer http.HandlerFunc) (*harness.Caddy, *mcptest.Cl
 	mux.Handle("/mcp", pingScript(iss.Protect(demoserver.New(demoserver.Options{})), answer))
 	caddy := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, mux), ""))
 	alice := mustInit(t, newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer "+iss.Mint("alice", time.Hour))))
-	x := must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "p"))
-	if len(x.events) < 3 {
+	x := harness.Must(t)(alice.Call(t.Context(), 1, "count", map[string]any{"n": 3, "interval_ms": 5}, "p"))
+	if len(x.Events) < 3 {
 		t.Fatalf("alice's call: %s", x)
 	}
-	return caddy, alice.WithHeader(cred("Authorization", "Bearer "+iss.Mint("alice", time.Hour))), x.events[0].ID
+	return caddy, alice.WithHeader(cred("Authorization", "Bearer "+iss.Mint("alice", time.Hour))), x.Events[0].ID
 }
 
 // An upstream that answers the ping 200 at once but as an
@@ -195,7 +195,7 @@ func TestAnAcceptedCheckIsNotHeldByItsStream(t *testing.T) {
 		<-r.Context().Done()
 	})
 	start := time.Now()
-	x, err := finish(alice.Resume(t.Context(), cursor))
+	x, err := harness.Finish(alice.Resume(t.Context(), cursor))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,13 +211,13 @@ func TestAnAcceptedCheckIsNotHeldByItsStream(t *testing.T) {
 func TestAnUnansweredCheckCostsItsTimeoutThen503(t *testing.T) {
 	_, alice, cursor := rotated(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
 	start := time.Now()
-	x, err := finish(alice.Resume(t.Context(), cursor))
+	x, err := harness.Finish(alice.Resume(t.Context(), cursor))
 	if err != nil {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
-	rpcError(t, x, http.StatusServiceUnavailable)
-	if took > 12*time.Second || x.header.Get("Retry-After") == "" {
+	harness.RPCError(t, x, http.StatusServiceUnavailable)
+	if took > 12*time.Second || x.Header.Get("Retry-After") == "" {
 		t.Errorf("a ping never answered: %s after %v", x, took)
 	}
 }
@@ -274,17 +274,17 @@ func TestAnEmptyIdentityBindsNoSession(t *testing.T) {
 			upstream := harness.StartDemo(t, demoserver.Options{})
 			caddy := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, "bind "+bind))
 			alice := newClient(caddy.Base(), "2025-11-25", cred("Authorization", "Bearer alice"))
-			x, err := finish(alice.Do(t.Context(), "POST", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"a","version":"1"}}}`, nil))
+			x, err := harness.Finish(alice.Do(t.Context(), "POST", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"a","version":"1"}}}`, nil))
 			if err != nil {
 				t.Fatal(err)
 			}
-			rpcError(t, x, http.StatusInternalServerError)
-			if !strings.Contains(string(x.body), "bind") || x.header.Get("Mcp-Session-Id") != "" {
+			harness.RPCError(t, x, http.StatusInternalServerError)
+			if !strings.Contains(string(x.Body), "bind") || x.Header.Get("Mcp-Session-Id") != "" {
 				t.Fatalf("initialize with an empty identity: %s", x)
 			}
 			// A session the proxy does not hold, named on a POST: passed
 			// through (the demo upstream does not know it), never adopted.
-			y, err := finish(alice.Do(t.Context(), "POST", mcptest.CallBody(2, "echo", map[string]any{"text": "x"}, "p"),
+			y, err := harness.Finish(alice.Do(t.Context(), "POST", mcptest.CallBody(2, "echo", map[string]any{"text": "x"}, "p"),
 				http.Header{"Mcp-Session-Id": {"made-up-session"}}))
 			if err != nil {
 				t.Fatal(err)
@@ -315,19 +315,19 @@ func TestOddCredentialsGetNothing(t *testing.T) {
 		"token in another header":  {"X-Authorization": {"Bearer " + iss.Mint("alice", time.Hour)}},
 		"forged + bob's, one line": cred("Authorization", "Bearer "+forgeJWT("none", iss.Issuer, "alice")+" "+bob),
 	} {
-		x, err := finish(alice.WithHeader(h).Resume(t.Context(), cursor))
+		x, err := harness.Finish(alice.WithHeader(h).Resume(t.Context(), cursor))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(x.events) > 0 || x.status/100 == 2 {
+		if len(x.Events) > 0 || x.Status/100 == 2 {
 			t.Errorf("%s: %s", name, x)
 		}
 	}
 	if _, held := adminSession(t, caddy, alice.SessionID); !held {
 		t.Fatal("alice's session is gone")
 	}
-	x := must(t)(alice.WithHeader(cred("Authorization", "bearer "+iss.Mint("alice", time.Hour))).Resume(t.Context(), cursor))
-	if len(x.events) == 0 {
+	x := harness.Must(t)(alice.WithHeader(cred("Authorization", "bearer "+iss.Mint("alice", time.Hour))).Resume(t.Context(), cursor))
+	if len(x.Events) == 0 {
 		t.Fatalf("alice's refreshed token: %s", x)
 	}
 }

@@ -77,14 +77,14 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 
 	// reframed checks a stream that must arrive whole: every event under a
 	// contiguous proxy id, the notice's data exactly as sent, then the result.
-	reframed := func(noticeData string) func(t *testing.T, x exchange, id int) {
-		return func(t *testing.T, x exchange, id int) {
+	reframed := func(noticeData string) func(t *testing.T, x harness.Exchange, id int) {
+		return func(t *testing.T, x harness.Exchange, id int) {
 			t.Helper()
-			if _, err := checkIDs(x.events); err != nil {
+			if _, err := harness.CheckIDs(x.Events); err != nil {
 				t.Fatal(err)
 			}
 			var datas []string
-			for _, ev := range x.events {
+			for _, ev := range x.Events {
 				datas = append(datas, ev.Data)
 			}
 			want := []string{noticeData, fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"result":{"content":[{"type":"text","text":"done %s"}]}}`, id, t.Name()[strings.LastIndex(t.Name(), "/")+1:])}
@@ -98,11 +98,11 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 	}
 	// failed checks an explicit failure: a gap with the reason, then a
 	// JSON-RPC error for the request.
-	failed := func(reason string) func(t *testing.T, x exchange, id int) {
-		return func(t *testing.T, x exchange, id int) {
+	failed := func(reason string) func(t *testing.T, x harness.Exchange, id int) {
+		return func(t *testing.T, x harness.Exchange, id int) {
 			t.Helper()
 			var gap, rpcErr bool
-			for _, ev := range x.events {
+			for _, ev := range x.Events {
 				switch {
 				case ev.Type == "gap":
 					var g mcptest.Gap
@@ -114,7 +114,7 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 					}
 					gap = true
 				case gap:
-					m, ok := decode(ev.Data)
+					m, ok := harness.Decode(ev.Data)
 					if !ok || string(m.ID) != fmt.Sprint(id) || m.Error == nil {
 						t.Fatalf("after the gap, want a JSON-RPC error for id %d: %q", id, ev.Data)
 					}
@@ -132,10 +132,10 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 	}
 	// answered accepts the result (the proxy dispatched the unterminated last
 	// event, as the SDK clients do) or an explicit failure; not a silent end.
-	answered := func(t *testing.T, x exchange, id int) {
+	answered := func(t *testing.T, x harness.Exchange, id int) {
 		t.Helper()
-		for _, ev := range x.events {
-			if m, ok := decode(ev.Data); ok && string(m.ID) == fmt.Sprint(id) && (m.Result != nil || m.Error != nil) {
+		for _, ev := range x.Events {
+			if m, ok := harness.Decode(ev.Data); ok && string(m.ID) == fmt.Sprint(id) && (m.Result != nil || m.Error != nil) {
 				return
 			}
 		}
@@ -146,7 +146,7 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 	for i, tc := range []struct {
 		name  string
 		want  string
-		check func(t *testing.T, x exchange, id int)
+		check func(t *testing.T, x harness.Exchange, id int)
 	}{
 		{"no-final-blank-line", "the result (the last event is complete but for its blank line) or an explicit failure", answered},
 		{"no-final-blank-line-lf", "the result or an explicit failure", answered},
@@ -162,16 +162,16 @@ func TestMalformedUpstreamSSE(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Logf("want: %s", tc.want)
 			id := 100 + i
-			x := must(t)(c.Call(ctx, id, tc.name, map[string]any{}, "t"))
+			x := harness.Must(t)(c.Call(ctx, id, tc.name, map[string]any{}, "t"))
 			tc.check(t, x, id)
-			noLeak(t, "the stream", x.body, "upstream-secret-1", "up_2", "raw-bg-call")
+			noLeak(t, "the stream", x.Body, "upstream-secret-1", "up_2", "raw-bg-call")
 		})
 		bg.flowing(t, 2)
 	}
 
 	// The proxy keeps serving: a well-formed call in the same session.
-	x := must(t)(c.Call(ctx, 999, "count", map[string]any{"n": 3, "interval_ms": 1}, "after"))
-	if ids, err := checkIDs(x.events); err != nil || len(ids) != 4 {
+	x := harness.Must(t)(c.Call(ctx, 999, "count", map[string]any{"n": 3, "interval_ms": 1}, "after"))
+	if ids, err := harness.CheckIDs(x.Events); err != nil || len(ids) != 4 {
 		t.Fatalf("a good call after the malformed ones: %v: %s", err, x)
 	}
 	bg.finish(t)

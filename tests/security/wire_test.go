@@ -77,7 +77,7 @@ func TestLooseEnds(t *testing.T) {
 		for _, second := range []string{cl.SessionID, "other", ""} {
 			req, _ := cl.NewRequest(ctx, "POST", mcptest.CallBody(1, "echo", map[string]any{"text": "x"}, ""), nil)
 			req.Header["Mcp-Session-Id"] = []string{cl.SessionID, second}
-			rpcError(t, must(t)(http.DefaultClient.Do(req)), http.StatusBadRequest)
+			harness.RPCError(t, harness.Must(t)(http.DefaultClient.Do(req)), http.StatusBadRequest)
 		}
 	})
 
@@ -87,14 +87,14 @@ func TestLooseEnds(t *testing.T) {
 		old := mustInit(t, newClient(c.Base(), "2025-06-18", cred("Authorization", "Bearer a")))
 		c.Load(t, mcptest.ResumeRoute(upstream, "bind_headers X-Api-Key"))
 		old.HTTP.CloseIdleConnections()
-		x := must(t)(old.Call(ctx, 2, "echo", map[string]any{"text": "still mine"}, ""))
-		if !strings.Contains(string(x.body), "still mine") {
+		x := harness.Must(t)(old.Call(ctx, 2, "echo", map[string]any{"text": "still mine"}, ""))
+		if !strings.Contains(string(x.Body), "still mine") {
 			t.Fatalf("a session bound before the reload: %s", x)
 		}
 		echo := mcptest.CallBody(3, "echo", map[string]any{"text": "x"}, "")
-		rpcError(t, must(t)(old.WithHeader(cred("Authorization", "Bearer b")).Do(ctx, "POST", echo, nil)), http.StatusForbidden)
+		harness.RPCError(t, harness.Must(t)(old.WithHeader(cred("Authorization", "Bearer b")).Do(ctx, "POST", echo, nil)), http.StatusForbidden)
 		fresh := mustInit(t, newClient(c.Base(), "2025-06-18", cred("X-Api-Key", "k1")))
-		rpcError(t, must(t)(fresh.WithHeader(cred("X-Api-Key", "k2")).Do(ctx, "POST", echo, nil)), http.StatusForbidden)
+		harness.RPCError(t, harness.Must(t)(fresh.WithHeader(cred("X-Api-Key", "k2")).Do(ctx, "POST", echo, nil)), http.StatusForbidden)
 	})
 
 	t.Run("the admin API takes session IDs with a slash", func(t *testing.T) {
@@ -118,8 +118,8 @@ func TestLooseEnds(t *testing.T) {
 		cl := mustInit(t, newClient(c.Base(), "2025-06-18", nil))
 		other := *cl
 		other.URL = fmt.Sprintf("http://127.0.0.1:%d/mcp", portB)
-		x := must(t)(other.Do(ctx, "POST", mcptest.CallBody(2, "echo", map[string]any{"text": "x"}, ""), nil))
-		if x.status != http.StatusNotFound {
+		x := harness.Must(t)(other.Do(ctx, "POST", mcptest.CallBody(2, "echo", map[string]any{"text": "x"}, ""), nil))
+		if x.Status != http.StatusNotFound {
 			t.Fatalf("site B: %s, want its upstream's 404", x)
 		}
 		if _, held := adminSession(t, c, cl.SessionID); !held {
@@ -140,11 +140,11 @@ func TestLooseEnds(t *testing.T) {
 		cl := newClient(c.Base(), "2025-06-18", nil)
 		cl.SessionID = "not-held"
 		body := mcptest.CallBody(1, "count", map[string]any{"n": 1, "pad": strings.Repeat("x", 200<<10)}, "")
-		x := must(t)(cl.Do(ctx, "POST", body, nil))
-		if x.status != 200 || got.Load() != int64(len(body)) {
+		x := harness.Must(t)(cl.Do(ctx, "POST", body, nil))
+		if x.Status != 200 || got.Load() != int64(len(body)) {
 			t.Fatalf("upstream read %d of %d bytes; client got %s", got.Load(), len(body), x)
 		}
-		for _, ev := range x.events {
+		for _, ev := range x.Events {
 			if ev.ID != "" {
 				t.Fatalf("tapped: %s", x)
 			}
@@ -315,9 +315,9 @@ func TestPartlyAnsweredBatch(t *testing.T) {
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, h), ""))
 	cl := mustInit(t, newClient(c.Base(), "2025-03-26", nil))
 	batch := `[{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"x"}},{"jsonrpc":"2.0","id":"b","method":"tools/call","params":{"name":"y"}}]`
-	x := must(t)(cl.Do(ctx, "POST", batch, nil))
+	x := harness.Must(t)(cl.Do(ctx, "POST", batch, nil))
 	answers := map[string]int{}
-	for _, ev := range x.events {
+	for _, ev := range x.Events {
 		m, err := mcptest.DecodeMessage(ev.Data)
 		if err != nil || ev.Type == "gap" {
 			continue

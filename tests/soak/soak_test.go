@@ -1,4 +1,4 @@
-package backpressure
+package soak
 
 import (
 	"fmt"
@@ -61,16 +61,16 @@ func TestSoakDisconnectResume(t *testing.T) {
 		go func(seed uint64) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(seed, 4))
-			cl := newClient(c.Base(), st.version)
-			defer cl.close()
-			if st.err = cl.initialize(); st.err != nil {
+			cl := harness.NewStreamClient(c.Base(), st.version)
+			defer cl.Close()
+			if st.err = cl.Init(); st.err != nil {
 				return
 			}
 			st.sid = cl.SessionID
 			for id := 1; time.Now().Before(deadline); id++ {
 				n := 20 + rng.IntN(781)
 				interval := []int{0, 0, 1, 2}[rng.IntN(4)]
-				s, err := cl.call(id, "count", map[string]any{"n": n, "interval_ms": interval}, 20*time.Second)
+				s, err := cl.CallStream(id, "count", map[string]any{"n": n, "interval_ms": interval}, 20*time.Second)
 				if err != nil {
 					st.err = err
 					return
@@ -83,57 +83,57 @@ func TestSoakDisconnectResume(t *testing.T) {
 				if rng.IntN(3) == 0 {
 					pauseAt = append(pauseAt, rng.IntN(n))
 				}
-				tr := &tracker{}
+				tr := &harness.Tracker{}
 				rec := callRecord{n: n}
 				seen := 0 // events taken on this call, any connection
-				for !tr.done {
-					ev, err := s.next()
+				for !tr.Done {
+					ev, err := s.Next()
 					if err != nil {
-						s.close()
-						st.err = fmt.Errorf("session %s (%s) call %d: after %d events, last %s: %w", cl.SessionID, st.version, id, tr.events, tr.lastID, err)
+						s.Close()
+						st.err = fmt.Errorf("session %s (%s) call %d: after %d events, last %s: %w", cl.SessionID, st.version, id, tr.Events, tr.LastID, err)
 						return
 					}
-					if err := tr.take(ev, id); err != nil {
-						s.close()
+					if err := tr.Take(ev, id); err != nil {
+						s.Close()
 						st.err = fmt.Errorf("session %s (%s) call %d: %w", cl.SessionID, st.version, id, err)
 						return
 					}
 					if ev.Data != "" {
 						rec.delivered++
-						if id, err := tr.position(ev.ID); err == nil {
+						if id, err := tr.Position(ev.ID); err == nil {
 							rec.seqSum += id.Seq
 						}
 					}
 					seen++
 					for _, p := range pauseAt {
-						if p == seen && !tr.done {
+						if p == seen && !tr.Done {
 							st.pauses++
 							time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond)
 						}
 					}
 					for _, k := range cutAt {
-						if k != seen || tr.done || tr.lastID == "" {
+						if k != seen || tr.Done || tr.LastID == "" {
 							continue
 						}
 						if rng.IntN(2) == 0 {
 							st.resets++
-							cl.ct.Cut(true)
+							cl.CT.Cut(true)
 						}
-						s.close()
+						s.Close()
 						st.cuts++
 						time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
-						if s, err = cl.resume(tr.lastID, 20*time.Second); err != nil {
-							st.err = fmt.Errorf("session %s (%s) call %d: resume from %s: %w", cl.SessionID, st.version, id, tr.lastID, err)
+						if s, err = cl.ResumeStream(tr.LastID, 20*time.Second); err != nil {
+							st.err = fmt.Errorf("session %s (%s) call %d: resume from %s: %w", cl.SessionID, st.version, id, tr.LastID, err)
 							return
 						}
 						rec.resumes++
 					}
 				}
-				s.close()
-				rec.stream = tr.stream
-				if len(tr.gaps) > 0 || tr.errorMsg != "" || tr.progress != n || tr.lastSeq != uint64(n+1) {
+				s.Close()
+				rec.stream = tr.Stream
+				if len(tr.Gaps) > 0 || tr.ErrorMsg != "" || tr.Progress != n || tr.LastSeq != uint64(n+1) {
 					st.err = fmt.Errorf("session %s (%s) call %d: progress %d of %d, last seq %d, gaps %v, error %q",
-						cl.SessionID, st.version, id, tr.progress, n, tr.lastSeq, tr.gaps, tr.errorMsg)
+						cl.SessionID, st.version, id, tr.Progress, n, tr.LastSeq, tr.Gaps, tr.ErrorMsg)
 					return
 				}
 				st.calls = append(st.calls, rec)
@@ -217,10 +217,10 @@ func TestSoakDisconnectResume(t *testing.T) {
 	}
 	stalls, _ := m.Sum("caddy_mcp_resume_backpressure_stalls_total")
 	fromEvicted, _ := m.Sum("caddy_mcp_resume_resumes_from_evicted_total")
-	evictedEarly, ok := m.Sum(evictedBeforeAck)
+	evictedEarly, ok := m.Sum(harness.EvictedBeforeAck)
 	t.Logf("metrics: backpressure_stalls_total %v, resumes_from_evicted_total %v, events_evicted_before_ack_total %v (exposed %v)", stalls, fromEvicted, evictedEarly, ok)
 	if fromEvicted != 0 {
 		t.Errorf("resumes_from_evicted_total = %v: a resume within resume_window hit a gap", fromEvicted)
 	}
-	assertNoEarlyEviction(t, c)
+	harness.AssertNoEarlyEviction(t, c)
 }

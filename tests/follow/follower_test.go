@@ -1,4 +1,4 @@
-package e2e
+package follow
 
 // Upstreams the follower once mishandled: IDs that repeat or restart, a
 // standalone GET answered empty, a retry: that overflowed, and a session
@@ -235,7 +235,7 @@ func TestSessionEndFailsTheRunningCall(t *testing.T) {
 				!strings.Contains(evs[2].Data, `"id":7,"error":{"code":-32010`) {
 				t.Fatalf("client got %+v, want the notice, a gap (deleted) and -32010", evs)
 			}
-			if sessions := adminSessions(t, c); len(sessions) != 0 {
+			if sessions := c.AdminSessions(t); len(sessions) != 0 {
 				t.Fatalf("sessions held: %+v", sessions)
 			}
 		})

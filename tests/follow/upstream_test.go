@@ -1,4 +1,4 @@
-package e2e
+package follow
 
 import (
 	"context"
@@ -36,23 +36,23 @@ func TestFollowsAnUpstreamThatClosesItsStreams(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := metric(t, c, `caddy_mcp_resume_upstream_reconnects_total{outcome="resumed"}`)
-			client := connectSDK(t, c.Base()+"/mcp", "2025-11-25")
+			client := harness.ConnectSDK(t, c.Base()+"/mcp", "2025-11-25")
 			if tc.cutAt > 0 {
 				client.CutAfter(tc.cutAt, tc.reset)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			params := countParams(10, 100)
+			params := mcptest.CountParams(10, 100)
 			params.Arguments.(map[string]any)["close_after"] = 4
 			params.Arguments.(map[string]any)["retry_ms"] = 200
 			res, err := client.Session.CallTool(ctx, params)
 			if err != nil {
 				t.Fatalf("call through the proxy: %v", err)
 			}
-			if got := resultText(res); got != "counted to 10" {
+			if got := mcptest.ResultText(res); got != "counted to 10" {
 				t.Fatalf("result %q", got)
 			}
-			assertOnceInOrder(t, client.ProgressAfterCall(10), 10)
+			harness.AssertOnceInOrder(t, client.ProgressAfterCall(10), 10)
 			if after := metric(t, c, `caddy_mcp_resume_upstream_reconnects_total{outcome="resumed"}`); after <= before {
 				t.Fatalf("upstream_reconnects_total{outcome=resumed} did not move (%v -> %v): the upstream's close was not followed", before, after)
 			}
@@ -75,21 +75,21 @@ func TestFollowsAnUpstreamConnectionThatDrops(t *testing.T) {
 			}
 			t.Cleanup(func() { relay.Close() })
 			c := harness.StartCaddy(t, mcptest.ResumeRoute(relay.Addr(), ""))
-			client := connectSDK(t, c.Base()+"/mcp", "2025-11-25")
+			client := harness.ConnectSDK(t, c.Base()+"/mcp", "2025-11-25")
 			client.After(3, func() int { return relay.Cut(true) }) // the path to the upstream, not the client's
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			start := time.Now()
 			getsBefore := client.Gets.Load()
-			res, err := client.Session.CallTool(ctx, countParams(8, 150))
+			res, err := client.Session.CallTool(ctx, mcptest.CountParams(8, 150))
 			if withStore {
 				if err != nil {
 					t.Fatalf("call: %v", err)
 				}
-				if got := resultText(res); got != "counted to 8" {
+				if got := mcptest.ResultText(res); got != "counted to 8" {
 					t.Fatalf("result %q", got)
 				}
-				assertOnceInOrder(t, client.ProgressAfterCall(8), 8)
+				harness.AssertOnceInOrder(t, client.ProgressAfterCall(8), 8)
 				return
 			}
 			if err == nil || !strings.Contains(err.Error(), "lost (upstream_failed)") {
@@ -113,7 +113,7 @@ func TestFollowsAnUpstreamConnectionThatDrops(t *testing.T) {
 func TestFollowsAStandaloneStreamTheServerCloses(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{EventStore: true, CloseStandaloneAfter: time.Second})
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
-	client := connectSDK(t, c.Base()+"/mcp", "2025-11-25")
+	client := harness.ConnectSDK(t, c.Base()+"/mcp", "2025-11-25")
 	time.Sleep(200 * time.Millisecond) // the client's standalone GET is open
 	const n = 20
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -1,4 +1,4 @@
-package e2e
+package follow
 
 // Standalone GETs of upstreams that give nothing a reconnect can continue
 // (a priming event only, events without IDs), a 404 on a standalone
@@ -120,7 +120,7 @@ func TestUpstream404OnStandaloneReconnectEndsTheSession(t *testing.T) {
 	if len(evs) < 1 || !strings.Contains(evs[0].Data, "one") {
 		t.Fatalf("client got %+v", evs)
 	}
-	harness.WaitFor(t, 5*time.Second, "the session to end", func() bool { return len(adminSessions(t, c)) == 0 })
+	harness.WaitFor(t, 5*time.Second, "the session to end", func() bool { return len(c.AdminSessions(t)) == 0 })
 }
 
 // A DELETE racing resumes of a running call's stream: every resume gets an
