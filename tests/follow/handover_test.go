@@ -1,4 +1,4 @@
-package e2e
+package follow
 
 // The producer handover of the standalone stream on one replica: the
 // session's previous upstream GET is closed before the next one opens, so
