@@ -112,6 +112,7 @@ func (st *MemoryStore) reserve(ctx context.Context, s *memStream, size int64) er
 		if blockedAt.IsZero() {
 			blockedAt = now
 			s.stalled.Store(true)
+			s.stalls.Add(1)
 			st.counters.Stalls.Add(1)
 			if h := st.opts.Hooks.StallStarted; h != nil {
 				h(s.sess.id, s.num)

@@ -316,6 +316,7 @@ type StreamInfo struct {
 	Connected  bool     `json:"connected"`
 	Producing  bool     `json:"producing"`
 	Stalled    bool     `json:"stalled"`
+	Stalls     uint64   `json:"stalls"` // times its producer waited on a full log (on a shared store: this replica's producer)
 	RequestIDs []string `json:"request_ids,omitempty"`
 }
 

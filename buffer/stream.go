@@ -18,9 +18,10 @@ type memStream struct {
 
 	producing atomic.Bool
 	stalled   atomic.Bool
-	attached  atomic.Bool  // a reader is attached (mirrors reader != nil for the budget)
-	opened    atomic.Bool  // a client or producer ever used it (request streams: always)
-	lastSent  atomic.Int64 // unix nanos of the last delivery, for the stall clock
+	stalls    atomic.Uint64 // times the producer began waiting on a full log
+	attached  atomic.Bool   // a reader is attached (mirrors reader != nil for the budget)
+	opened    atomic.Bool   // a client or producer ever used it (request streams: always)
+	lastSent  atomic.Int64  // unix nanos of the last delivery, for the stall clock
 
 	bytes int64 // capacity held, guarded by store.budget.mu
 
@@ -446,7 +447,7 @@ func (s *memStream) info() StreamInfo {
 	si := StreamInfo{
 		Num: s.num, Kind: s.kind.String(), State: s.state.String(), FailReason: string(s.failReason),
 		Floor: s.log.floor, Head: s.log.head, Acked: s.acked, Connected: s.reader != nil,
-		Producing: s.producing.Load(), Stalled: s.stalled.Load(),
+		Producing: s.producing.Load(), Stalled: s.stalled.Load(), Stalls: s.stalls.Load(),
 	}
 	for _, r := range s.requests {
 		si.RequestIDs = append(si.RequestIDs, r.ID)

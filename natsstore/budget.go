@@ -205,6 +205,7 @@ func (c *stallClock) start(w *writer) {
 	}
 	c.since = time.Now()
 	w.s.stalled.Store(true)
+	w.s.stalls.Add(1)
 	w.st.counters.Stalls.Add(1)
 	if h := w.st.opts.Hooks.StallStarted; h != nil {
 		h(w.s.sess.id, w.s.num)

@@ -455,7 +455,7 @@ func (st *Store) streamInfo(key string, r *streamRecord, now time.Time) buffer.S
 		Bytes: st.retainedOf(key, r), Connected: r.readerAt(now, st.opts.LeaseTTL) != nil}
 	if v, ok := st.byKey.Load(key); ok {
 		s := v.(*stream)
-		si.Producing, si.Stalled = s.producing.Load(), s.stalled.Load()
+		si.Producing, si.Stalled, si.Stalls = s.producing.Load(), s.stalled.Load(), s.stalls.Load()
 		if w := s.currentWriter(); w != nil {
 			if h, ok := w.assigned(); ok {
 				si.Head = max(si.Head, h)

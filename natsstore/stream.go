@@ -28,6 +28,7 @@ type stream struct {
 	changed   signal
 	producing atomic.Bool // an upstream response here feeds it (TakeProducer)
 	stalled   atomic.Bool
+	stalls    atomic.Uint64 // times this replica's producer began waiting on a full log
 
 	mu      sync.Mutex
 	w       *writer

@@ -45,6 +45,9 @@ func testBackpressureStream(t *testing.T, e *env) {
 	if got := st.Counters().Stalls.Load(); got != 1 {
 		t.Fatalf("Stalls = %d, want 1", got)
 	}
+	if si := streamInfoOf(t, st, str); !si.Stalled || si.Stalls != 1 {
+		t.Fatalf("the stream's info while blocked: stalled %v, stalls %d; want true, 1", si.Stalled, si.Stalls)
+	}
 	ack(t, str, 2) // the client holds 1..2: they go, and room appears
 	if r := AwaitAppend(t, blocked); r.Err != nil || r.Seq != uint64(n+1) {
 		t.Fatalf("unblocked Append = %d, %v", r.Seq, r.Err)

@@ -102,3 +102,18 @@ func infoOf(t testing.TB, st buffer.Inspector, s buffer.Session) buffer.SessionI
 	}
 	return info
 }
+
+// streamInfoOf is the operator's view of str, the only stream of its number
+// in st's sessions.
+func streamInfoOf(t testing.TB, st buffer.Inspector, str buffer.Stream) buffer.StreamInfo {
+	t.Helper()
+	for _, s := range st.Sessions() {
+		for _, si := range s.Streams {
+			if si.Num == str.Num() {
+				return si
+			}
+		}
+	}
+	t.Fatalf("stream %d: not in any session", str.Num())
+	return buffer.StreamInfo{}
+}

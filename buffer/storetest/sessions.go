@@ -308,8 +308,8 @@ func testIdleExpiry(t *testing.T, e *env) {
 	close(stop)
 	<-done
 	// Once the client leaves, the idle clock starts from then.
+	left := time.Now() // before Close: a store may take the client's leaving as of its start
 	r.Close()
-	left := time.Now()
 	WaitFor(t, "the disconnected session to expire", func() bool { _, ok := st.Session("connected"); return !ok })
 	if time.Since(left) < idle {
 		t.Fatal("expired before its idle timeout after disconnect")
