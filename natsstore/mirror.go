@@ -24,10 +24,22 @@ type mirror[T any] struct {
 	// with no mirror lock held and must not block.
 	changed func(key string, cur *T)
 
+	// markerTTL, if set, is how long JetStream keeps a deletion's marker
+	// (the bucket has LimitMarkerTTL): deletions are purges that expire,
+	// and leave nothing for tidy to remove.
+	markerTTL time.Duration
+
 	mu      sync.RWMutex
 	entries map[string]*entry[T]
 	groups  map[string]map[string]struct{}
-	live    int // entries not deleted
+	live    int         // entries not deleted
+	gone    []goneEntry // deletions, oldest first: what tidy forgets (and purges) in turn
+}
+
+// goneEntry is a key deleted at a time: tidy's queue.
+type goneEntry struct {
+	key string
+	at  int64
 }
 
 type entry[T any] struct {
@@ -180,6 +192,7 @@ func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
 		}
 	case val == nil && was:
 		m.live--
+		m.gone = append(m.gone, goneEntry{key, time.Now().UnixNano()})
 		if m.group != nil {
 			g := m.group(key)
 			delete(m.groups[g], key)
@@ -198,17 +211,36 @@ func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
 	return true
 }
 
-// prune forgets deletions older than age; until then they keep a late
-// delivery of an older revision from bringing a key back.
-func (m *mirror[T]) prune(age time.Duration) {
+// due takes the deletions older than age off tidy's queue (at most max),
+// forgetting them: until then they keep a late delivery of an older
+// revision from bringing a key back. It returns those still deleted, with
+// the revision of their delete marker as the mirror knows it; a key
+// written again since is not among them.
+func (m *mirror[T]) due(age time.Duration, max int) []keyRev {
 	cut := time.Now().Add(-age).UnixNano()
 	m.mu.Lock()
-	for k, e := range m.entries {
-		if e.val == nil && e.gone < cut {
-			delete(m.entries, k)
+	defer m.mu.Unlock()
+	var out []keyRev
+	n := 0
+	for n < len(m.gone) && n < max && m.gone[n].at < cut {
+		g := m.gone[n]
+		n++
+		if e := m.entries[g.key]; e != nil && e.val == nil {
+			out = append(out, keyRev{g.key, e.rev})
+			delete(m.entries, g.key)
 		}
 	}
-	m.mu.Unlock()
+	clear(m.gone[:n])
+	m.gone = m.gone[n:]
+	if len(m.gone) == 0 {
+		m.gone = nil // let the array go
+	}
+	return out
+}
+
+type keyRev struct {
+	key string
+	rev uint64
 }
 
 // reset forgets every entry, as if each had been deleted (changed is told
@@ -222,7 +254,7 @@ func (m *mirror[T]) reset() {
 			live = append(live, k)
 		}
 	}
-	m.entries, m.groups, m.live = make(map[string]*entry[T]), make(map[string]map[string]struct{}), 0
+	m.entries, m.groups, m.live, m.gone = make(map[string]*entry[T]), make(map[string]map[string]struct{}), 0, nil
 	m.mu.Unlock()
 	if m.changed != nil {
 		for _, k := range live {
@@ -274,6 +306,9 @@ func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
 		m.apply(e.Key(), e.Revision(), nil, nil)
 		return
 	}
+	if m.revOf(e.Key()) >= e.Revision() {
+		return // this replica's own write, applied when it succeeded: nothing to decode
+	}
 	v := new(T)
 	if err := json.Unmarshal(e.Value(), v); err != nil {
 		onErr(err)
@@ -303,8 +338,9 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 	e := m.entries[key]
 	var raw []byte
 	var rev uint64
+	var cur *T
 	if e != nil && e.val != nil {
-		raw, rev = e.raw, e.rev
+		raw, rev, cur = e.raw, e.rev, e.val
 	}
 	m.mu.RUnlock()
 	for round := 0; ; round++ {
@@ -313,10 +349,18 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 			if raw, rev, err = m.fetch(ctx, key); err != nil {
 				return nil, err
 			}
+			cur = nil
 		}
-		v := new(T)
-		if err := json.Unmarshal(raw, v); err != nil {
-			return nil, err
+		// A fresh copy to change: cloned from the mirror's value where the
+		// type can (the hot records), else decoded from what was stored.
+		var v *T
+		if c, ok := any(cur).(interface{ clone() *T }); ok && cur != nil {
+			v = c.clone()
+		} else {
+			v = new(T)
+			if err := json.Unmarshal(raw, v); err != nil {
+				return nil, err
+			}
 		}
 		err := change(v)
 		if errors.Is(err, errUnchanged) {
@@ -422,8 +466,16 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 	if base == 0 {
 		base = m.revOf(key)
 	}
+	if m.markerTTL > 0 {
+		opts = append(opts, jetstream.PurgeTTL(m.markerTTL))
+	}
 	for round := 0; ; round++ {
-		err := m.kv.Delete(ctx, key, opts...)
+		var err error
+		if m.markerTTL > 0 {
+			err = m.kv.Purge(ctx, key, opts...)
+		} else {
+			err = m.kv.Delete(ctx, key, opts...)
+		}
 		if err == nil {
 			m.deleted(key, base)
 			return nil

@@ -66,6 +66,7 @@ type Store struct {
 	sweeper   sweeperLease
 	admitting admissions
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs
+	kvStreams sync.Map              // bucket -> the stream under it (tidy purges markers there)
 	probeErr  atomic.Pointer[error] // why the last health probe failed; nil while it answers
 	bg        struct {
 		mu     sync.Mutex
@@ -218,6 +219,7 @@ func (st *Store) provision(ctx context.Context) error {
 	st.streams = newMirror(kvs[1], incarnationOf, st.streamChanged)
 	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
 	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
+	st.leases.markerTTL = leaseMarkerTTL
 	return nil
 }
 
@@ -264,7 +266,7 @@ func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 	for i, b := range buckets {
 		cfg := jetstream.KeyValueConfig{Bucket: b.name, History: 1, Storage: jetstream.FileStorage, Replicas: r}
 		if b.ttl {
-			cfg.LimitMarkerTTL = 5 * time.Second // expiries reach the watches
+			cfg.LimitMarkerTTL = leaseMarkerTTL // expiries reach the watches
 		}
 		var kv jetstream.KeyValue
 		err := provisioning(ctx, func(ctx context.Context) (err error) {
@@ -278,6 +280,11 @@ func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 	}
 	return kvs, nil
 }
+
+// leaseMarkerTTL is how long JetStream keeps the marker of a lease that
+// expired or was released (the lease buckets' LimitMarkerTTL): long enough
+// for every watch to see it, and then it goes by itself.
+const leaseMarkerTTL = 5 * time.Second
 
 // provisioning retries fn while the cluster is still forming (no leader,
 // peers not yet known to it) until ctx ends.

@@ -83,8 +83,23 @@ type streamRecord struct {
 	Upstream   string               `json:"upstream,omitempty"`
 	UpstreamAt uint64               `json:"upstream_at,omitempty"` // the stored head Upstream was recorded at
 	Opened     bool                 `json:"opened,omitempty"`      // a client or producer used it (request streams: always)
+	Purged     bool                 `json:"purged,omitempty"`      // ended, and nothing of it is stored any more (not even its end marker)
 	Created    int64                `json:"created"`
 	Ended      int64                `json:"ended,omitempty"`
+}
+
+// clone is a deep copy of r, for a write to change (mirror.update): what
+// decoding the stored value would give, without decoding it.
+func (r *streamRecord) clone() *streamRecord {
+	c := *r
+	c.Requests = append([]policy.RequestView(nil), r.Requests...)
+	c.Key = append([]byte(nil), r.Key...)
+	c.Deliveries = append([]delivery(nil), r.Deliveries...)
+	if r.Reader != nil {
+		e := *r.Reader
+		c.Reader = &e
+	}
+	return &c
 }
 
 // readerEntry is the client connection attached to a stream, on whichever

@@ -125,6 +125,17 @@ func (s *session) stream(num uint32, kind policy.StreamKind) *stream {
 	return str
 }
 
+// forget drops the handle of a stream whose record is gone, so a session
+// making calls for hours does not keep a handle for each.
+func (s *session) forget(str *stream) {
+	s.mu.Lock()
+	if s.streams[str.num] == str {
+		delete(s.streams, str.num)
+	}
+	s.mu.Unlock()
+	s.st.byKey.CompareAndDelete(str.key, str)
+}
+
 // streamList returns the stream handles made here, standalone first.
 func (s *session) streamList() []*stream {
 	s.mu.Lock()
@@ -194,6 +205,7 @@ func (s *session) NewStream(ids []string, key [32]byte) (buffer.Stream, error) {
 		return nil, err
 	}
 	str := s.stream(num, policy.RequestStream)
+	str.fresh.Store(true)
 	st.keepLease(skey, str.producing.Load)
 	if s.gone() {
 		return nil, buffer.ErrSessionGone
