@@ -245,13 +245,22 @@ func (c *othersCache) get(w *writer, fresh bool) int64 {
 	c.mu.Unlock()
 	st, s := w.st, w.s
 	var sum int64
-	for _, key := range st.streams.keysOf(s.sess.inc) {
-		if key == s.key {
-			continue
+	type liveStream struct {
+		key string
+		rec *streamRecord
+	}
+	var live []liveStream // a producer here knows more than their records: asked without the mirror's lock
+	st.streams.eachOf(s.sess.inc, func(key string, rec *streamRecord) {
+		switch {
+		case key == s.key:
+		case rec.State != policy.Live:
+			sum += rec.retained() // its end wrote its exact head
+		default:
+			live = append(live, liveStream{key, rec})
 		}
-		if rec, _, ok := st.streams.get(key); ok {
-			sum += st.retainedOf(key, rec)
-		}
+	})
+	for _, l := range live {
+		sum += st.retainedOf(l.key, l.rec)
 	}
 	c.mu.Lock()
 	c.bytes, c.atOff, c.at = sum, off, time.Now()

@@ -1,6 +1,10 @@
 package natsstore
 
-import "github.com/mcpresume/caddy-mcp-resume/policy"
+import (
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/policy"
+)
 
 // The local feed: a reader on the replica that produces its request stream
 // takes the stream's messages from the writer, once JetStream has
@@ -117,4 +121,45 @@ func (w *writer) next(r *reader, next, after, head uint64) (m fedMsg, ok, usable
 		}
 	}
 	return fedMsg{}, false, true
+}
+
+// leaveWaitMax bounds how long a stream's end waits for its fed reader to
+// deliver the last of it: its relay was woken by the same acknowledgement.
+const leaveWaitMax = 2 * time.Millisecond
+
+// leaveWithEnd returns, if r (the fed reader, or nil) delivers everything
+// up to head within leaveWaitMax, what the stream's end writes for it: its
+// deliveries, and its entry gone, as its close would have written a moment
+// later. The reader then ends with io.EOF (recordChanged), and its close
+// writes nothing: a short call's end and its client's leaving are one
+// write. Otherwise nil, and the reader leaves as any other.
+func (r *reader) leaveWithEnd(head uint64) func(*streamRecord) {
+	if r == nil {
+		return nil
+	}
+	deadline := time.NewTimer(leaveWaitMax)
+	defer deadline.Stop()
+	for {
+		ch := r.progressed.wait()
+		if d, _ := r.progress(); d >= head {
+			break
+		}
+		select {
+		case <-ch:
+		case <-r.done:
+			return nil
+		case <-deadline.C:
+			return nil
+		}
+	}
+	quantum := r.st.deliveryQuantum()
+	return func(rec *streamRecord) {
+		leaves := rec.Reader != nil && rec.Reader.ID == r.id
+		if leaves {
+			d, sent := r.progress()
+			rec.delivered(d, sent.UnixNano(), quantum)
+			rec.Reader = nil
+		}
+		r.leaving.Store(leaves)
+	}
 }

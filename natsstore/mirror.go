@@ -1,6 +1,7 @@
 package natsstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -31,9 +32,18 @@ type mirror[T any] struct {
 
 	mu      sync.RWMutex
 	entries map[string]*entry[T]
+	// writing are this replica's writes under way, by key: a watch that
+	// brings one back before its acknowledgement does takes the value
+	// written instead of decoding it.
+	writing map[string]written[T]
 	groups  map[string]map[string]struct{}
 	live    int         // entries not deleted
 	gone    []goneEntry // deletions, oldest first: what tidy forgets (and purges) in turn
+}
+
+type written[T any] struct {
+	raw []byte
+	val *T
 }
 
 // goneEntry is a key deleted at a time: tidy's queue.
@@ -52,7 +62,8 @@ type entry[T any] struct {
 
 func newMirror[T any](kv jetstream.KeyValue, group func(string) string, changed func(string, *T)) *mirror[T] {
 	return &mirror[T]{kv: kv, group: group, changed: changed,
-		entries: make(map[string]*entry[T]), groups: make(map[string]map[string]struct{})}
+		entries: make(map[string]*entry[T]), groups: make(map[string]map[string]struct{}),
+		writing: make(map[string]written[T])}
 }
 
 // get returns the value at key (shared: never modify it) and its revision.
@@ -137,6 +148,19 @@ func (m *mirror[T]) keysOf(group string) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// eachOf calls fn for every live entry of a group, under the mirror's read
+// lock (no copy of the keys: per call, a session's streams are many): fn
+// must not use the mirror.
+func (m *mirror[T]) eachOf(group string, fn func(key string, val *T)) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for k := range m.groups[group] {
+		if e := m.entries[k]; e != nil && e.val != nil {
+			fn(k, e.val)
+		}
+	}
 }
 
 // each calls fn for every live entry, on a snapshot.
@@ -306,8 +330,19 @@ func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
 		m.apply(e.Key(), e.Revision(), nil, nil)
 		return
 	}
-	if m.revOf(e.Key()) >= e.Revision() {
+	m.mu.RLock()
+	var rev uint64
+	if cur := m.entries[e.Key()]; cur != nil {
+		rev = cur.rev
+	}
+	w, mine := m.writing[e.Key()]
+	m.mu.RUnlock()
+	if rev >= e.Revision() {
 		return // this replica's own write, applied when it succeeded: nothing to decode
+	}
+	if mine && bytes.Equal(w.raw, e.Value()) {
+		m.apply(e.Key(), e.Revision(), w.raw, w.val) // its own write, back before its acknowledgement
+		return
 	}
 	v := new(T)
 	if err := json.Unmarshal(e.Value(), v); err != nil {
@@ -373,7 +408,15 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 		if err != nil {
 			return nil, err
 		}
+		m.mu.Lock()
+		m.writing[key] = written[T]{b, v}
+		m.mu.Unlock()
 		nrev, err := m.kv.Update(ctx, key, b, rev)
+		m.mu.Lock()
+		if w, ok := m.writing[key]; ok && w.val == v {
+			delete(m.writing, key)
+		}
+		m.mu.Unlock()
 		if err == nil {
 			m.apply(key, nrev, b, v)
 			return v, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -38,6 +39,10 @@ type reader struct {
 	// fed: the stream's writer here feeds the reader (feed.go) until it
 	// cannot, and the reader goes on with a consumer.
 	fed bool
+	// progressed fires with each delivery; leaving says the stream's end
+	// removed the reader's entry, with everything delivered (leaveWithEnd).
+	progressed signal
+	leaving    atomic.Bool
 
 	// Read's own state (one Read at a time).
 	msgs    chan jetstream.Msg
@@ -467,6 +472,7 @@ func (r *reader) Delivered(seq uint64) {
 	schedule := !r.syncing
 	r.syncing = true
 	r.mu.Unlock()
+	r.progressed.fire()
 	if schedule {
 		time.AfterFunc(max(wait, 0), func() { r.sync(false) })
 	}

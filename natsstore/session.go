@@ -146,11 +146,11 @@ func (s *session) streamList() []*stream {
 // liveRequests counts the session's live request streams, on any replica.
 func (s *session) liveRequests() int {
 	n := 0
-	for _, key := range s.st.streams.keysOf(s.inc) {
-		if r, _, ok := s.st.streams.get(key); ok && r.Kind == policy.RequestStream && r.State == policy.Live {
+	s.st.streams.eachOf(s.inc, func(_ string, r *streamRecord) {
+		if r.Kind == policy.RequestStream && r.State == policy.Live {
 			n++
 		}
-	}
+	})
 	return n
 }
 
@@ -233,12 +233,11 @@ func (s *session) Stream(num uint32) (buffer.Stream, bool) {
 // StreamByKey implements buffer.Session: the latest stream of the request.
 func (s *session) StreamByKey(key [32]byte) (buffer.Stream, bool) {
 	var found uint32
-	for _, k := range s.st.streams.keysOf(s.inc) {
-		r, _, ok := s.st.streams.get(k)
-		if ok && r.Kind == policy.RequestStream && string(r.Key) == string(key[:]) {
+	s.st.streams.eachOf(s.inc, func(k string, r *streamRecord) {
+		if r.Kind == policy.RequestStream && string(r.Key) == string(key[:]) {
 			found = max(found, keyNum(k))
 		}
-	}
+	})
 	if found == 0 {
 		return nil, false
 	}

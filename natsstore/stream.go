@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,9 +182,14 @@ func (s *stream) recordChanged(*streamRecord) {
 	}
 	s.rmu.Unlock()
 	for _, r := range over {
-		if cur == nil {
+		switch {
+		case cur == nil:
 			r.close(buffer.ErrSessionGone)
-		} else {
+		case cur.Reader == nil && cur.State == policy.Complete && r.leaving.Load():
+			r.close(io.EOF) // it left with the end, having everything
+		case cur.Reader == nil && cur.State == policy.Failed && r.leaving.Load():
+			r.close(&buffer.FailedError{Reason: cur.FailReason})
+		default:
 			r.close(buffer.ErrTakenOver)
 		}
 		r.release() // its consumer goes now, not when its relay notices

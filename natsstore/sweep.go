@@ -235,7 +235,9 @@ func (st *Store) failOrphan(key string) {
 }
 
 // recordEnd writes a stream's end into its record.
-func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64, answers map[string]uint64) {
+// also, if given, changes the record with the end (in the same write).
+func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64,
+	answers map[string]uint64, also ...func(*streamRecord)) {
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	_, err := st.streams.update(ctx, key, func(r *streamRecord) error {
@@ -247,6 +249,11 @@ func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.R
 		}
 		r.State, r.FailReason, r.Ended = state, reason, time.Now().UnixNano()
 		r.Head, r.HeadOff, r.Synced = max(r.Head, head), max(r.HeadOff, off), max(r.Synced, msg)
+		for _, f := range also {
+			if f != nil {
+				f(r)
+			}
+		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errNotFound) {

@@ -482,11 +482,13 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 	if w.stored == w.head {
 		upstream = w.upstream
 	}
+	fed := w.feed.reader
 	w.mu.Unlock()
 	if !failed {
 		// The record first: readers on every replica end by it (after the
-		// head), so the marker that follows only ends them sooner.
-		w.recordEnd(state, reason, head, off, expect)
+		// head), so the marker that follows only ends them sooner. A client
+		// here that has everything leaves with the end (feed.go).
+		w.recordEnd(state, reason, head, off, expect, fed.leaveWithEnd(head))
 		msg := endMarker(s.subject, head, off, state, reason, upstream)
 		// The marker only ends readers sooner: it is not worth waiting for
 		// past the end's own bound when NATS is out of reach.
@@ -509,14 +511,14 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 }
 
 // recordEnd writes the end into the stream record.
-func (w *writer) recordEnd(state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64) {
+func (w *writer) recordEnd(state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64, also ...func(*streamRecord)) {
 	w.mu.Lock()
 	answers := make(map[string]uint64, len(w.answers))
 	for id, seq := range w.answers {
 		answers[id] = seq
 	}
 	w.mu.Unlock()
-	w.st.recordEnd(w.s.key, state, reason, head, off, msg, answers)
+	w.st.recordEnd(w.s.key, state, reason, head, off, msg, answers, also...)
 }
 
 // signal appends the standalone stream's failure signals; it goes on.
