@@ -244,24 +244,26 @@ func (c *othersCache) get(w *writer, fresh bool) int64 {
 	}
 	c.mu.Unlock()
 	st, s := w.st, w.s
-	var sum int64
-	type liveStream struct {
-		key string
-		rec *streamRecord
+	// What the session's records say (kept as they change: incIndex), but
+	// this stream's, and for the live streams produced here what their
+	// writers know instead.
+	sum := st.incs.retained(s.sess.inc)
+	if rec, ok := s.record(); ok {
+		sum -= rec.retained()
 	}
-	var live []liveStream // a producer here knows more than their records: asked without the mirror's lock
-	st.streams.eachOf(s.sess.inc, func(key string, rec *streamRecord) {
-		switch {
-		case key == s.key:
-		case rec.State != policy.Live:
-			sum += rec.retained() // its end wrote its exact head
-		default:
-			live = append(live, liveStream{key, rec})
+	for _, o := range s.sess.liveWriters() {
+		if o == s {
+			continue
 		}
-	})
-	for _, l := range live {
-		sum += st.retainedOf(l.key, l.rec)
+		if rec, ok := o.record(); ok && rec.State == policy.Live {
+			if ow := o.currentWriter(); ow != nil {
+				if n, ok := ow.retained(rec); ok {
+					sum += n - rec.retained()
+				}
+			}
+		}
 	}
+	sum = max(sum, 0)
 	c.mu.Lock()
 	c.bytes, c.atOff, c.at = sum, off, time.Now()
 	c.mu.Unlock()

@@ -24,6 +24,10 @@ type mirror[T any] struct {
 	// changed is told of every applied change (cur nil: deleted). It runs
 	// with no mirror lock held and must not block.
 	changed func(key string, cur *T)
+	// index, if set, is told of every applied change with the value it
+	// replaces (nil: none), under the mirror's lock and in revision order:
+	// it must be quick and use no mirror.
+	index func(key string, old, cur *T)
 
 	// markerTTL, if set, is how long JetStream keeps a deletion's marker
 	// (the bucket has LimitMarkerTTL): deletions are purges that expire,
@@ -150,19 +154,6 @@ func (m *mirror[T]) keysOf(group string) []string {
 	return out
 }
 
-// eachOf calls fn for every live entry of a group, under the mirror's read
-// lock (no copy of the keys: per call, a session's streams are many): fn
-// must not use the mirror.
-func (m *mirror[T]) eachOf(group string, fn func(key string, val *T)) {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	for k := range m.groups[group] {
-		if e := m.entries[k]; e != nil && e.val != nil {
-			fn(k, e.val)
-		}
-	}
-}
-
 // each calls fn for every live entry, on a snapshot.
 func (m *mirror[T]) each(fn func(key string, val *T, rev uint64)) {
 	type kv struct {
@@ -202,8 +193,11 @@ func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
 		e = &entry[T]{}
 		m.entries[key] = e
 	}
-	was := e.val != nil
+	was, old := e.val != nil, e.val
 	e.rev, e.val, e.raw, e.seen = rev, val, raw, time.Now().UnixNano()
+	if m.index != nil && (old != nil || val != nil) {
+		m.index(key, old, val)
+	}
 	switch {
 	case val != nil && !was:
 		m.live++
@@ -276,6 +270,9 @@ func (m *mirror[T]) reset() {
 	for k, e := range m.entries {
 		if e.val != nil {
 			live = append(live, k)
+			if m.index != nil {
+				m.index(k, e.val, nil)
+			}
 		}
 	}
 	m.entries, m.groups, m.live, m.gone = make(map[string]*entry[T]), make(map[string]map[string]struct{}), 0, nil

@@ -255,12 +255,14 @@ func TestWhatAShortCallCosts(t *testing.T) {
 	// has passed, the ended streams retired.
 	settled("the calls' events to be evicted and their records retired")
 	after := tap.since()
+	checkIndex(t, st)
 	all := make(map[string]int)
 	for _, c := range []map[string]int{during, after} {
 		for k, v := range c {
 			all[k] += v
 		}
 	}
+	checkIndex(t, st)
 	t.Logf("during the calls:%s", describe(during, calls))
 	t.Logf("after them (eviction, retirement):%s", describe(after, calls))
 
@@ -291,6 +293,46 @@ func TestWhatAShortCallCosts(t *testing.T) {
 	} {
 		if got := float64(total(all, b.match)) / calls; got > b.max+1e-9 {
 			t.Errorf("%s: %.2f per call, more than %v", b.kind, got, b.max)
+		}
+	}
+}
+
+// checkIndex compares what the index says of every incarnation with a walk
+// of the stream records.
+func checkIndex(t testing.TB, st *Store) {
+	t.Helper()
+	type walk struct {
+		live     int
+		retained int64
+		latest   map[string]uint32
+	}
+	walks := make(map[string]*walk)
+	st.streams.each(func(key string, r *streamRecord, _ uint64) {
+		inc, num, _ := splitStreamKey(key)
+		w := walks[inc]
+		if w == nil {
+			w = &walk{latest: make(map[string]uint32)}
+			walks[inc] = w
+		}
+		if r.Kind == policy.RequestStream && r.State == policy.Live {
+			w.live++
+		}
+		w.retained += r.retained()
+		if r.Kind == policy.RequestStream && len(r.Key) > 0 {
+			w.latest[string(r.Key)] = max(w.latest[string(r.Key)], num)
+		}
+	})
+	for inc, w := range walks {
+		if n := st.incs.liveRequests(inc); n != w.live {
+			t.Errorf("%s: the index counts %d live request streams, the records %d", inc, n, w.live)
+		}
+		if n := st.incs.retained(inc); n != w.retained {
+			t.Errorf("%s: the index says %d bytes retained, the records %d", inc, n, w.retained)
+		}
+		for k, num := range w.latest {
+			if n := st.incs.latest(inc, []byte(k)); n != num {
+				t.Errorf("%s: the index finds stream %d for a request, the records %d", inc, n, num)
+			}
 		}
 	}
 }

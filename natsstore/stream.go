@@ -98,6 +98,7 @@ func (s *stream) writer() (*writer, error) {
 	s.mu.Lock()
 	s.w = w
 	s.mu.Unlock()
+	s.sess.addWriter(s)
 	return w, nil
 }
 
