@@ -125,7 +125,7 @@ func (w *writer) next(r *reader, next, after, head uint64) (m fedMsg, ok, usable
 
 // leaveWaitMax bounds how long a stream's end waits for its fed reader to
 // deliver the last of it: its relay was woken by the same acknowledgement.
-const leaveWaitMax = 2 * time.Millisecond
+const leaveWaitMax = 5 * time.Millisecond
 
 // leaveWithEnd returns, if r (the fed reader, or nil) delivers everything
 // up to head within leaveWaitMax, what the stream's end writes for it: its

@@ -24,6 +24,9 @@ type mirror[T any] struct {
 	// changed is told of every applied change (cur nil: deleted). It runs
 	// with no mirror lock held and must not block.
 	changed func(key string, cur *T)
+	// write, if set, is the compare-and-set of update (KeyValue.Update
+	// otherwise): the store's, which reads acknowledgements cheaply.
+	write func(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
 	// index, if set, is told of every applied change with the value it
 	// replaces (nil: none), under the mirror's lock and in revision order:
 	// it must be quick and use no mirror.
@@ -408,7 +411,12 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 		m.mu.Lock()
 		m.writing[key] = written[T]{b, v}
 		m.mu.Unlock()
-		nrev, err := m.kv.Update(ctx, key, b, rev)
+		var nrev uint64
+		if m.write != nil {
+			nrev, err = m.write(ctx, key, b, rev)
+		} else {
+			nrev, err = m.kv.Update(ctx, key, b, rev)
+		}
 		m.mu.Lock()
 		if w, ok := m.writing[key]; ok && w.val == v {
 			delete(m.writing, key)
@@ -418,7 +426,7 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 			m.apply(key, nrev, b, v)
 			return v, nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLast(err) {
 			if !transient(err) || round >= maxCASRounds {
 				return nil, err
 			}
@@ -461,7 +469,17 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 		return 0, err
 	}
 	for round := 0; ; round++ {
-		rev, err := m.kv.Create(ctx, key, b, opts...)
+		var rev uint64
+		var err error
+		if m.write != nil && len(opts) == 0 {
+			// A compare-and-set at revision 0 creates a key never written;
+			// one deleted before is KeyValue.Create's to write.
+			if rev, err = m.write(ctx, key, b, 0); isWrongLast(err) {
+				rev, err = m.kv.Create(ctx, key, b)
+			}
+		} else {
+			rev, err = m.kv.Create(ctx, key, b, opts...)
+		}
 		if err == nil {
 			m.apply(key, rev, b, v)
 			return rev, nil

@@ -222,6 +222,16 @@ func (st *Store) provision(ctx context.Context) error {
 	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
 	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
 	st.leases.markerTTL = leaseMarkerTTL
+	// Record writes read their acknowledgements without encoding/json.
+	for _, w := range []struct {
+		set    *func(context.Context, string, []byte, uint64) (uint64, error)
+		bucket string
+	}{{&st.sessions.write, st.names.sessions}, {&st.streams.write, st.names.streams}, {&st.tombs.write, st.names.tombs}} {
+		bucket := w.bucket
+		*w.set = func(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+			return st.kvUpdate(ctx, bucket, key, value, rev)
+		}
+	}
 	return nil
 }
 

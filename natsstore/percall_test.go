@@ -215,7 +215,10 @@ func TestWhatAShortCallCosts(t *testing.T) {
 	tidyAge = 200 * time.Millisecond // the delete markers' purges count too
 	t.Cleanup(func() { tidyAge = old })
 	lim := testLimits()
-	lim.ResumeWindow = 300 * time.Millisecond
+	// A window long enough that no call lasts a delivery quantum (window/64)
+	// even under the race detector: a longer call writes its deliveries
+	// once more on the way, as it should.
+	lim.ResumeWindow = 2 * time.Second
 	lim.SessionIdleTimeout = time.Hour
 	st := openEmbedded(t, lim, func(o *Options) {
 		o.SweepInterval = 50 * time.Millisecond
@@ -245,6 +248,7 @@ func TestWhatAShortCallCosts(t *testing.T) {
 	}
 	settled("the first calls to be evicted")
 	tap.since()
+	began := time.Now()
 
 	const calls = 20
 	for i := 1; i <= calls; i++ {
@@ -256,6 +260,9 @@ func TestWhatAShortCallCosts(t *testing.T) {
 	settled("the calls' events to be evicted and their records retired")
 	after := tap.since()
 	checkIndex(t, st)
+	// The health loop purges its probe message and the budget reads the
+	// events stream's size once a second each, whatever the calls do.
+	perSecond := (time.Since(began).Seconds() + 1) / calls
 	all := make(map[string]int)
 	for _, c := range []map[string]int{during, after} {
 		for k, v := range c {
@@ -278,18 +285,21 @@ func TestWhatAShortCallCosts(t *testing.T) {
 	// consumer, no search for a message, no direct get: the reader is fed
 	// by the writer here. (Before: 36 operations, 1 consumer created and
 	// deleted, 8.4 stream record writes.)
+	// The bounds allow a little over the figures above: a call the machine
+	// slows past the end's wait for its relay (5 ms) writes its client's
+	// leaving apart, and a write that meets another retries.
 	for _, b := range []perCallBound{
 		{"KV writes, sessions", is("kv write sessions"), 1},
-		{"KV writes, streams", is("kv write streams"), 5.1},
+		{"KV writes, streams", is("kv write streams"), 5.3},
 		{"KV writes, leases", is("kv write leases"), 2},
 		{"KV writes, tombstones", is("kv write tombs"), 0},
 		{"event publishes", is("event publish"), 3},
 		{"consumer creates", is("consumer create"), 0},
 		{"consumer deletes", is("consumer delete"), 0},
 		{"pull requests", is("pull request"), 0},
-		{"direct gets", is("direct get"), 0.2},
-		{"purges", is("purge"), 2.1},
-		{"all operations", func(k string) bool { return k != "delivery" }, 12.5},
+		{"direct gets", is("direct get"), 0.3},
+		{"purges", is("purge"), 2 + perSecond},
+		{"all operations", func(k string) bool { return k != "delivery" }, 12.7 + 2*perSecond},
 	} {
 		if got := float64(total(all, b.match)) / calls; got > b.max+1e-9 {
 			t.Errorf("%s: %.2f per call, more than %v", b.kind, got, b.max)

@@ -56,10 +56,12 @@ func (st *Store) publishAfter(msg *nats.Msg, id string, expect uint64, abort fun
 			return 0, st.ctx.Err()
 		}
 		ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
-		ack, err := st.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectLastSequencePerSubject(expect))
+		msg.Header.Set(jetstream.MsgIDHeader, id)
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+		seq, err := st.publish(ctx, msg)
 		cancel()
 		if err == nil {
-			return ack.Sequence, nil
+			return seq, nil
 		}
 		switch {
 		case isWrongLast(err):
