@@ -85,7 +85,9 @@ func (st *Store) evict(key string, now time.Time) bool {
 		return false
 	}
 	var from uint64
-	_, err = st.streams.update(ctx, key, func(r *streamRecord) error {
+	// Counted as the write succeeds, before the floor shows here.
+	counted := func(*streamRecord) { st.counters.EventsEvicted.Add(floor - from) }
+	_, err = st.streams.updateThen(ctx, key, func(r *streamRecord) error {
 		from = 0
 		if r.Floor >= floor {
 			return errUnchanged
@@ -101,14 +103,13 @@ func (st *Store) evict(key string, now time.Time) bool {
 			r.Upstream, r.UpstreamAt = upstream, upstreamAt
 		}
 		return nil
-	})
+	}, counted)
 	if err != nil || from == 0 {
 		if err != nil && !errors.Is(err, errStale) && !errors.Is(err, errNotFound) {
 			st.fault("evict", err)
 		}
 		return false
 	}
-	st.counters.EventsEvicted.Add(floor - from)
 	if purgeBefore > 0 || whole {
 		if err := st.purge(ctx, subject, purgeBefore); err != nil {
 			st.fault("purge", err) // the next floor move purges these too

@@ -369,6 +369,13 @@ const maxCASRounds = 200
 // first. It returns the value written (or the current one, if change
 // returned errUnchanged), and change's own errors.
 func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) error) (*T, error) {
+	return m.updateThen(ctx, key, change, nil)
+}
+
+// updateThen is update, with done run once the write succeeded and
+// before this replica's mirror shows it: what counts the change (eviction)
+// is counted before anyone here can see it happened.
+func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) error, done func(*T)) (*T, error) {
 	m.mu.RLock()
 	e := m.entries[key]
 	var raw []byte
@@ -423,6 +430,9 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 		}
 		m.mu.Unlock()
 		if err == nil {
+			if done != nil {
+				done(v)
+			}
 			m.apply(key, nrev, b, v)
 			return v, nil
 		}
