@@ -245,15 +245,26 @@ func (c *othersCache) get(w *writer, fresh bool) int64 {
 	}
 	c.mu.Unlock()
 	st, s := w.st, w.s
-	var sum int64
-	for _, key := range st.streams.keysOf(s.sess.inc) {
-		if key == s.key {
+	// What the session's records say (kept as they change: incIndex), but
+	// this stream's, and for the live streams produced here what their
+	// writers know instead.
+	sum := st.incs.retained(s.sess.inc)
+	if rec, ok := s.record(); ok {
+		sum -= rec.retained()
+	}
+	for _, o := range s.sess.liveWriters() {
+		if o == s {
 			continue
 		}
-		if rec, _, ok := st.streams.get(key); ok {
-			sum += st.retainedOf(key, rec)
+		if rec, ok := o.record(); ok && rec.State == policy.Live {
+			if ow := o.currentWriter(); ow != nil {
+				if n, ok := ow.retained(rec); ok {
+					sum += n - rec.retained()
+				}
+			}
 		}
 	}
+	sum = max(sum, 0)
 	c.mu.Lock()
 	c.bytes, c.atOff, c.at = sum, off, time.Now()
 	c.mu.Unlock()

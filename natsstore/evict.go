@@ -47,9 +47,13 @@ func (st *Store) evict(key string, now time.Time) bool {
 	defer cancel()
 	subject := st.names.subject(key)
 	floor := upTo + 1
-	at, last, err := st.locate(ctx, subject, floor, rec.FloorMsg)
-	if err != nil {
-		return false
+	var at, last *msgInfo
+	var err error
+	whole := rec.State != policy.Live && upTo >= rec.Head
+	if !whole {
+		if at, last, err = st.locate(ctx, subject, floor, rec.FloorMsg); err != nil {
+			return false
+		}
 	}
 	var off int64
 	var purgeBefore, floorMsg uint64 // purge below purgeBefore (0: nothing)
@@ -57,6 +61,11 @@ func (st *Store) evict(key string, now time.Time) bool {
 	var upstreamAt uint64
 	head, headOff := rec.Head, rec.HeadOff
 	switch {
+	case whole:
+		// An ended stream's record has its exact head: every event goes,
+		// and its end marker with them (the record says it ended). No
+		// search, and the subject is purged whole.
+		floor, off, floorMsg = rec.Head+1, rec.HeadOff, rec.Synced+1
 	case at != nil:
 		// The floor's event is stored: its message stays, those before go.
 		off, purgeBefore, floorMsg = at.offsetOf(floor), at.seq, at.seq
@@ -76,7 +85,9 @@ func (st *Store) evict(key string, now time.Time) bool {
 		return false
 	}
 	var from uint64
-	_, err = st.streams.update(ctx, key, func(r *streamRecord) error {
+	// Counted as the write succeeds, before the floor shows here.
+	counted := func(*streamRecord) { st.counters.EventsEvicted.Add(floor - from) }
+	_, err = st.streams.updateThen(ctx, key, func(r *streamRecord) error {
 		from = 0
 		if r.Floor >= floor {
 			return errUnchanged
@@ -86,20 +97,20 @@ func (st *Store) evict(key string, now time.Time) bool {
 		}
 		from = r.Floor
 		r.moveFloor(floor, off, floorMsg)
+		r.Purged = whole
 		r.Head, r.HeadOff = max(r.Head, head), max(r.HeadOff, headOff)
 		if upstream != "" && upstreamAt > r.UpstreamAt {
 			r.Upstream, r.UpstreamAt = upstream, upstreamAt
 		}
 		return nil
-	})
+	}, counted)
 	if err != nil || from == 0 {
 		if err != nil && !errors.Is(err, errStale) && !errors.Is(err, errNotFound) {
 			st.fault("evict", err)
 		}
 		return false
 	}
-	st.counters.EventsEvicted.Add(floor - from)
-	if purgeBefore > 0 {
+	if purgeBefore > 0 || whole {
 		if err := st.purge(ctx, subject, purgeBefore); err != nil {
 			st.fault("purge", err) // the next floor move purges these too
 		}
@@ -110,7 +121,8 @@ func (st *Store) evict(key string, now time.Time) bool {
 }
 
 // retirable reports whether an ended stream holds nothing a client could
-// still get: its record may go.
+// still get, or nothing but what may be evicted now: its record may go.
 func (st *Store) retirable(rec *streamRecord, now time.Time) bool {
-	return rec.State != policy.Live && rec.Floor > rec.Head && rec.readerAt(now, st.opts.LeaseTTL) == nil
+	return rec.State != policy.Live && rec.readerAt(now, st.opts.LeaseTTL) == nil &&
+		(rec.Floor > rec.Head || st.evictable(rec, now) >= rec.Head)
 }

@@ -1,6 +1,7 @@
 package natsstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,11 +24,39 @@ type mirror[T any] struct {
 	// changed is told of every applied change (cur nil: deleted). It runs
 	// with no mirror lock held and must not block.
 	changed func(key string, cur *T)
+	// write, if set, is the compare-and-set of update (KeyValue.Update
+	// otherwise): the store's, which reads acknowledgements cheaply.
+	write func(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
+	// index, if set, is told of every applied change with the value it
+	// replaces (nil: none), under the mirror's lock and in revision order:
+	// it must be quick and use no mirror.
+	index func(key string, old, cur *T)
+
+	// markerTTL, if set, is how long JetStream keeps a deletion's marker
+	// (the bucket has LimitMarkerTTL): deletions are purges that expire,
+	// and leave nothing for tidy to remove.
+	markerTTL time.Duration
 
 	mu      sync.RWMutex
 	entries map[string]*entry[T]
+	// writing are this replica's writes under way, by key: a watch that
+	// brings one back before its acknowledgement does takes the value
+	// written instead of decoding it.
+	writing map[string]written[T]
 	groups  map[string]map[string]struct{}
-	live    int // entries not deleted
+	live    int         // entries not deleted
+	gone    []goneEntry // deletions, oldest first: what tidy forgets (and purges) in turn
+}
+
+type written[T any] struct {
+	raw []byte
+	val *T
+}
+
+// goneEntry is a key deleted at a time: tidy's queue.
+type goneEntry struct {
+	key string
+	at  int64
 }
 
 type entry[T any] struct {
@@ -40,7 +69,8 @@ type entry[T any] struct {
 
 func newMirror[T any](kv jetstream.KeyValue, group func(string) string, changed func(string, *T)) *mirror[T] {
 	return &mirror[T]{kv: kv, group: group, changed: changed,
-		entries: make(map[string]*entry[T]), groups: make(map[string]map[string]struct{})}
+		entries: make(map[string]*entry[T]), groups: make(map[string]map[string]struct{}),
+		writing: make(map[string]written[T])}
 }
 
 // get returns the value at key (shared: never modify it) and its revision.
@@ -166,8 +196,11 @@ func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
 		e = &entry[T]{}
 		m.entries[key] = e
 	}
-	was := e.val != nil
+	was, old := e.val != nil, e.val
 	e.rev, e.val, e.raw, e.seen = rev, val, raw, time.Now().UnixNano()
+	if m.index != nil && (old != nil || val != nil) {
+		m.index(key, old, val)
+	}
 	switch {
 	case val != nil && !was:
 		m.live++
@@ -180,6 +213,7 @@ func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
 		}
 	case val == nil && was:
 		m.live--
+		m.gone = append(m.gone, goneEntry{key, time.Now().UnixNano()})
 		if m.group != nil {
 			g := m.group(key)
 			delete(m.groups[g], key)
@@ -198,17 +232,36 @@ func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
 	return true
 }
 
-// prune forgets deletions older than age; until then they keep a late
-// delivery of an older revision from bringing a key back.
-func (m *mirror[T]) prune(age time.Duration) {
+// due takes the deletions older than age off tidy's queue (at most max),
+// forgetting them: until then they keep a late delivery of an older
+// revision from bringing a key back. It returns those still deleted, with
+// the revision of their delete marker as the mirror knows it; a key
+// written again since is not among them.
+func (m *mirror[T]) due(age time.Duration, max int) []keyRev {
 	cut := time.Now().Add(-age).UnixNano()
 	m.mu.Lock()
-	for k, e := range m.entries {
-		if e.val == nil && e.gone < cut {
-			delete(m.entries, k)
+	defer m.mu.Unlock()
+	var out []keyRev
+	n := 0
+	for n < len(m.gone) && n < max && m.gone[n].at < cut {
+		g := m.gone[n]
+		n++
+		if e := m.entries[g.key]; e != nil && e.val == nil {
+			out = append(out, keyRev{g.key, e.rev})
+			delete(m.entries, g.key)
 		}
 	}
-	m.mu.Unlock()
+	clear(m.gone[:n])
+	m.gone = m.gone[n:]
+	if len(m.gone) == 0 {
+		m.gone = nil // let the array go
+	}
+	return out
+}
+
+type keyRev struct {
+	key string
+	rev uint64
 }
 
 // reset forgets every entry, as if each had been deleted (changed is told
@@ -220,9 +273,12 @@ func (m *mirror[T]) reset() {
 	for k, e := range m.entries {
 		if e.val != nil {
 			live = append(live, k)
+			if m.index != nil {
+				m.index(k, e.val, nil)
+			}
 		}
 	}
-	m.entries, m.groups, m.live = make(map[string]*entry[T]), make(map[string]map[string]struct{}), 0
+	m.entries, m.groups, m.live, m.gone = make(map[string]*entry[T]), make(map[string]map[string]struct{}), 0, nil
 	m.mu.Unlock()
 	if m.changed != nil {
 		for _, k := range live {
@@ -274,6 +330,20 @@ func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
 		m.apply(e.Key(), e.Revision(), nil, nil)
 		return
 	}
+	m.mu.RLock()
+	var rev uint64
+	if cur := m.entries[e.Key()]; cur != nil {
+		rev = cur.rev
+	}
+	w, mine := m.writing[e.Key()]
+	m.mu.RUnlock()
+	if rev >= e.Revision() {
+		return // this replica's own write, applied when it succeeded: nothing to decode
+	}
+	if mine && bytes.Equal(w.raw, e.Value()) {
+		m.apply(e.Key(), e.Revision(), w.raw, w.val) // its own write, back before its acknowledgement
+		return
+	}
 	v := new(T)
 	if err := json.Unmarshal(e.Value(), v); err != nil {
 		onErr(err)
@@ -299,12 +369,20 @@ const maxCASRounds = 200
 // first. It returns the value written (or the current one, if change
 // returned errUnchanged), and change's own errors.
 func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) error) (*T, error) {
+	return m.updateThen(ctx, key, change, nil)
+}
+
+// updateThen is update, with done run once the write succeeded and
+// before this replica's mirror shows it: what counts the change (eviction)
+// is counted before anyone here can see it happened.
+func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) error, done func(*T)) (*T, error) {
 	m.mu.RLock()
 	e := m.entries[key]
 	var raw []byte
 	var rev uint64
+	var cur *T
 	if e != nil && e.val != nil {
-		raw, rev = e.raw, e.rev
+		raw, rev, cur = e.raw, e.rev, e.val
 	}
 	m.mu.RUnlock()
 	for round := 0; ; round++ {
@@ -313,10 +391,18 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 			if raw, rev, err = m.fetch(ctx, key); err != nil {
 				return nil, err
 			}
+			cur = nil
 		}
-		v := new(T)
-		if err := json.Unmarshal(raw, v); err != nil {
-			return nil, err
+		// A fresh copy to change: cloned from the mirror's value where the
+		// type can (the hot records), else decoded from what was stored.
+		var v *T
+		if c, ok := any(cur).(interface{ clone() *T }); ok && cur != nil {
+			v = c.clone()
+		} else {
+			v = new(T)
+			if err := json.Unmarshal(raw, v); err != nil {
+				return nil, err
+			}
 		}
 		err := change(v)
 		if errors.Is(err, errUnchanged) {
@@ -329,12 +415,28 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 		if err != nil {
 			return nil, err
 		}
-		nrev, err := m.kv.Update(ctx, key, b, rev)
+		m.mu.Lock()
+		m.writing[key] = written[T]{b, v}
+		m.mu.Unlock()
+		var nrev uint64
+		if m.write != nil {
+			nrev, err = m.write(ctx, key, b, rev)
+		} else {
+			nrev, err = m.kv.Update(ctx, key, b, rev)
+		}
+		m.mu.Lock()
+		if w, ok := m.writing[key]; ok && w.val == v {
+			delete(m.writing, key)
+		}
+		m.mu.Unlock()
 		if err == nil {
+			if done != nil {
+				done(v)
+			}
 			m.apply(key, nrev, b, v)
 			return v, nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) {
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLast(err) {
 			if !transient(err) || round >= maxCASRounds {
 				return nil, err
 			}
@@ -377,7 +479,17 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 		return 0, err
 	}
 	for round := 0; ; round++ {
-		rev, err := m.kv.Create(ctx, key, b, opts...)
+		var rev uint64
+		var err error
+		if m.write != nil && len(opts) == 0 {
+			// A compare-and-set at revision 0 creates a key never written;
+			// one deleted before is KeyValue.Create's to write.
+			if rev, err = m.write(ctx, key, b, 0); isWrongLast(err) {
+				rev, err = m.kv.Create(ctx, key, b)
+			}
+		} else {
+			rev, err = m.kv.Create(ctx, key, b, opts...)
+		}
 		if err == nil {
 			m.apply(key, rev, b, v)
 			return rev, nil
@@ -422,8 +534,16 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 	if base == 0 {
 		base = m.revOf(key)
 	}
+	if m.markerTTL > 0 {
+		opts = append(opts, jetstream.PurgeTTL(m.markerTTL))
+	}
 	for round := 0; ; round++ {
-		err := m.kv.Delete(ctx, key, opts...)
+		var err error
+		if m.markerTTL > 0 {
+			err = m.kv.Purge(ctx, key, opts...)
+		} else {
+			err = m.kv.Delete(ctx, key, opts...)
+		}
 		if err == nil {
 			m.deleted(key, base)
 			return nil

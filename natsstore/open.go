@@ -66,6 +66,8 @@ type Store struct {
 	sweeper   sweeperLease
 	admitting admissions
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs
+	kvStreams sync.Map              // bucket -> the stream under it (tidy purges markers there)
+	incs      incIndex              // per session incarnation, what calls ask of its streams
 	probeErr  atomic.Pointer[error] // why the last health probe failed; nil while it answers
 	bg        struct {
 		mu     sync.Mutex
@@ -216,8 +218,20 @@ func (st *Store) provision(ctx context.Context) error {
 	st.meta = kvs[4]
 	st.sessions = newMirror(kvs[0], nil, st.sessionChanged)
 	st.streams = newMirror(kvs[1], incarnationOf, st.streamChanged)
+	st.streams.index = st.incs.changed
 	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
 	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
+	st.leases.markerTTL = leaseMarkerTTL
+	// Record writes read their acknowledgements without encoding/json.
+	for _, w := range []struct {
+		set    *func(context.Context, string, []byte, uint64) (uint64, error)
+		bucket string
+	}{{&st.sessions.write, st.names.sessions}, {&st.streams.write, st.names.streams}, {&st.tombs.write, st.names.tombs}} {
+		bucket := w.bucket
+		*w.set = func(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+			return st.kvUpdate(ctx, bucket, key, value, rev)
+		}
+	}
 	return nil
 }
 
@@ -264,7 +278,7 @@ func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 	for i, b := range buckets {
 		cfg := jetstream.KeyValueConfig{Bucket: b.name, History: 1, Storage: jetstream.FileStorage, Replicas: r}
 		if b.ttl {
-			cfg.LimitMarkerTTL = 5 * time.Second // expiries reach the watches
+			cfg.LimitMarkerTTL = leaseMarkerTTL // expiries reach the watches
 		}
 		var kv jetstream.KeyValue
 		err := provisioning(ctx, func(ctx context.Context) (err error) {
@@ -278,6 +292,11 @@ func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 	}
 	return kvs, nil
 }
+
+// leaseMarkerTTL is how long JetStream keeps the marker of a lease that
+// expired or was released (the lease buckets' LimitMarkerTTL): long enough
+// for every watch to see it, and then it goes by itself.
+const leaseMarkerTTL = 5 * time.Second
 
 // provisioning retries fn while the cluster is still forming (no leader,
 // peers not yet known to it) until ctx ends.

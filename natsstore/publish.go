@@ -56,10 +56,12 @@ func (st *Store) publishAfter(msg *nats.Msg, id string, expect uint64, abort fun
 			return 0, st.ctx.Err()
 		}
 		ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
-		ack, err := st.js.PublishMsg(ctx, msg, jetstream.WithMsgID(id), jetstream.WithExpectLastSequencePerSubject(expect))
+		msg.Header.Set(jetstream.MsgIDHeader, id)
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(expect, 10))
+		seq, err := st.publish(ctx, msg)
 		cancel()
 		if err == nil {
-			return ack.Sequence, nil
+			return seq, nil
 		}
 		switch {
 		case isWrongLast(err):
@@ -101,12 +103,13 @@ func (st *Store) publishAfter(msg *nats.Msg, id string, expect uint64, abort fun
 // outMsg is one of the messages that store a batch.
 type outMsg struct {
 	msg     *nats.Msg
-	id      string // Nats-Msg-Id (a part's is completed with what it follows: see storeMsgs)
-	part    int    // 0, or which part of an event it is (from 1)
-	partial bool   // an event's part other than its last: it stores no event
-	last    uint64 // the last event it completes
-	endOff  int64  // the stream's byte count after it
-	stored  int64  // what JetStream counts for it, once published
+	id      string  // Nats-Msg-Id (a part's is completed with what it follows: see storeMsgs)
+	part    int     // 0, or which part of an event it is (from 1)
+	partial bool    // an event's part other than its last: it stores no event
+	last    uint64  // the last event it completes
+	endOff  int64   // the stream's byte count after it
+	stored  int64   // what JetStream counts for it, once published
+	info    msgInfo // what its headers say, but its stream sequence (for the local feed)
 }
 
 // msgs splits b into the messages that store it, in order: each run of
@@ -117,7 +120,7 @@ type outMsg struct {
 func (b *batch) msgs(subject, key string, room int) []outMsg {
 	if len(b.buf) <= room {
 		return []outMsg{{msg: b.msg(subject), id: key + "." + strconv.FormatUint(b.first, 10),
-			last: b.last(), endOff: b.off + int64(len(b.buf))}}
+			last: b.last(), endOff: b.off + int64(len(b.buf)), info: b.info()}}
 	}
 	var out []outMsg
 	start, runPos, pos := 0, 0, 0 // the run's first event and its byte position; where event i starts
@@ -129,7 +132,7 @@ func (b *batch) msgs(subject, key string, room int) []outMsg {
 			off: b.off + int64(runPos), upstream: b.upAt(end - 1)}
 		sub.answers = answersIn(b.answers, sub.first, sub.last())
 		out = append(out, outMsg{msg: sub.msg(subject), id: key + "." + strconv.FormatUint(sub.first, 10),
-			last: sub.last(), endOff: sub.off + int64(len(sub.buf))})
+			last: sub.last(), endOff: sub.off + int64(len(sub.buf)), info: sub.info()})
 	}
 	for i, n := range b.lens {
 		if n <= room {
@@ -152,7 +155,8 @@ func (b *batch) msgs(subject, key string, room int) []outMsg {
 			msg.Header.Set(hdrPart, strconv.Itoa(p)+"/"+strconv.Itoa(k))
 			msg.Header.Set(hdrSize, strconv.Itoa(n))
 			o := outMsg{msg: msg, id: key + "." + strconv.FormatUint(seq, 10) + ".p" + strconv.Itoa(p),
-				part: p, partial: p < k, last: seq - 1, endOff: off}
+				part: p, partial: p < k, last: seq - 1, endOff: off,
+				info: msgInfo{first: seq, off: off, size: len(msg.Data), part: p, parts: k, total: n}}
 			if p == k {
 				if as := answersIn(b.answers, seq, seq); len(as) > 0 {
 					msg.Header.Set(hdrAnswers, encodeAnswers(as))
@@ -169,6 +173,16 @@ func (b *batch) msgs(subject, key string, room int) []outMsg {
 	}
 	run(len(b.lens))
 	return out
+}
+
+// info is what the headers of the message storing b say (but its stream
+// sequence), as parseMsg would read them.
+func (b *batch) info() msgInfo {
+	m := msgInfo{first: b.first, off: b.off, size: len(b.buf), answers: b.answers, upstream: b.upstream}
+	if len(b.lens) > 1 {
+		m.lens = b.lens
+	}
+	return m
 }
 
 // upAt is the upstream's cursor as of the batch's event i.

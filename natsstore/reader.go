@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -35,6 +36,14 @@ type reader struct {
 	cons     jetstream.Consumer
 	it       jetstream.MessagesContext
 
+	// fed: the stream's writer here feeds the reader (feed.go) until it
+	// cannot, and the reader goes on with a consumer.
+	fed bool
+	// progressed fires with each delivery; leaving says the stream's end
+	// removed the reader's entry, with everything delivered (leaveWithEnd).
+	progressed signal
+	leaving    atomic.Bool
+
 	// Read's own state (one Read at a time).
 	msgs    chan jetstream.Msg
 	pumpErr chan error
@@ -58,8 +67,11 @@ type reader struct {
 
 var _ buffer.Reader = (*reader)(nil)
 
+// A reader's first deliveries are written a quantum after it attached (the
+// attach wrote its entry), not at once: a short call's client has
+// everything by then, and its reader's close writes them all in one go.
 func newReader(s *stream, id string, from uint64) *reader {
-	return &reader{s: s, st: s.sess.st, id: id, next: from, done: make(chan struct{})}
+	return &reader{s: s, st: s.sess.st, id: id, next: from, done: make(chan struct{}), lastSync: time.Now()}
 }
 
 func (r *reader) Done() <-chan struct{} { return r.done }
@@ -113,6 +125,14 @@ func (r *reader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time
 			r.endErr = endError(rec.State, rec.FailReason)
 			return buffer.Batch{}, r.endErr
 		}
+		if r.fed {
+			if err := r.fromFeed(ctx, next, idle); err != errFeedGone {
+				if err != nil {
+					return buffer.Batch{}, err
+				}
+				continue
+			}
+		}
 		if r.msgs == nil {
 			if err := r.start(rec, next); err != nil {
 				return buffer.Batch{}, err
@@ -163,6 +183,51 @@ func (r *reader) wait(ctx context.Context, idle time.Duration, changed <-chan st
 	case <-r.timer.C:
 		return buffer.ErrIdle
 	}
+}
+
+// errFeedGone: the writer's feed cannot serve the reader any more.
+var errFeedGone = errors.New("natsstore: the local feed is gone")
+
+// fromFeed places the writer's next stored message, or waits for one (or
+// for the stream to change, the end, idle). errFeedGone: the feed cannot
+// serve the reader any more, which goes on with a consumer from next.
+func (r *reader) fromFeed(ctx context.Context, next uint64, idle time.Duration) error {
+	w := r.s.currentWriter()
+	if w == nil {
+		r.fed = false
+		return errFeedGone
+	}
+	// The wake-ups first, then what they would tell of: none is missed.
+	room, changed := w.room.wait(), r.s.changed.wait()
+	rec, ok := r.s.record()
+	if !ok || rec.State != policy.Live && next > rec.Head {
+		return nil // Read ends it
+	}
+	m, ok, usable := w.next(r, next, r.lastMsg, rec.Head)
+	switch {
+	case !usable:
+		r.fed = false
+		w.unregister(r)
+		return errFeedGone
+	case ok:
+		return r.placeInfo(m.info, m.data)
+	}
+	if r.timer == nil {
+		r.timer = time.NewTimer(idle)
+	} else {
+		r.timer.Reset(idle)
+	}
+	defer r.timer.Stop()
+	select {
+	case <-room:
+	case <-changed:
+	case <-r.done: // Read returns r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.timer.C:
+		return buffer.ErrIdle
+	}
+	return nil
 }
 
 // start creates the consumer at the message holding position next.
@@ -242,12 +307,18 @@ func (r *reader) place(m jetstream.Msg) error {
 	if err != nil {
 		return err
 	}
+	return r.placeInfo(info, m.Data())
+}
+
+// placeInfo takes a message, as its headers say (info) and its payload, as
+// the one to hand out events from.
+func (r *reader) placeInfo(info msgInfo, data []byte) error {
 	r.lastMsg = info.seq
 	r.mu.Lock()
 	next := r.next
 	r.mu.Unlock()
 	if info.parts > 0 {
-		return r.placePart(info, m.Data(), next)
+		return r.placePart(info, data, next)
 	}
 	// An event left incomplete (its writer failed before its last part)
 	// was never stored: what follows stores that seq again, or ends.
@@ -267,7 +338,7 @@ func (r *reader) place(m jetstream.Msg) error {
 		}
 		return nil
 	}
-	r.cur, r.curData = info, m.Data()
+	r.cur, r.curData = info, data
 	return nil
 }
 
@@ -401,6 +472,7 @@ func (r *reader) Delivered(seq uint64) {
 	schedule := !r.syncing
 	r.syncing = true
 	r.mu.Unlock()
+	r.progressed.fire()
 	if schedule {
 		time.AfterFunc(max(wait, 0), func() { r.sync(false) })
 	}
@@ -476,8 +548,12 @@ func (r *reader) Close() {
 	r.s.sess.Touch()
 }
 
-// release frees the reader's consumer once the reader is done.
+// release frees the reader's consumer (or its place in the writer's feed)
+// once the reader is done.
 func (r *reader) release() {
+	if w := r.s.currentWriter(); w != nil {
+		w.unregister(r)
+	}
 	r.cmu.Lock()
 	started, released := r.started, r.released
 	r.released = true

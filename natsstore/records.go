@@ -1,8 +1,10 @@
 package natsstore
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +33,29 @@ type sessionRecord struct {
 	LastActive  int64                `json:"active"`
 	NextStream  uint32               `json:"next"`
 	Past        []buffer.Past        `json:"past,omitempty"` // earlier incarnations, newest first
+}
+
+// clone is a deep copy of r, for a write to change (mirror.update).
+func (r *sessionRecord) clone() *sessionRecord {
+	c := *r
+	c.Fingerprint = bytes.Clone(r.Fingerprint)
+	c.Bind = slices.Clone(r.Bind)
+	c.Credential = bytes.Clone(r.Credential)
+	c.Principal = bytes.Clone(r.Principal)
+	if r.Past != nil {
+		c.Past = make([]buffer.Past, len(r.Past))
+		for i, p := range r.Past {
+			c.Past[i] = p
+			if p.Streams != nil {
+				c.Past[i].Streams = make(map[uint32]policy.StreamView, len(p.Streams))
+				for n, v := range p.Streams {
+					v.Requests = slices.Clone(v.Requests)
+					c.Past[i].Streams[n] = v
+				}
+			}
+		}
+	}
+	return &c
 }
 
 // origin is the session's origin as admission counts it.
@@ -83,8 +108,23 @@ type streamRecord struct {
 	Upstream   string               `json:"upstream,omitempty"`
 	UpstreamAt uint64               `json:"upstream_at,omitempty"` // the stored head Upstream was recorded at
 	Opened     bool                 `json:"opened,omitempty"`      // a client or producer used it (request streams: always)
+	Purged     bool                 `json:"purged,omitempty"`      // ended, and nothing of it is stored any more (not even its end marker)
 	Created    int64                `json:"created"`
 	Ended      int64                `json:"ended,omitempty"`
+}
+
+// clone is a deep copy of r, for a write to change (mirror.update): what
+// decoding the stored value would give, without decoding it.
+func (r *streamRecord) clone() *streamRecord {
+	c := *r
+	c.Requests = append([]policy.RequestView(nil), r.Requests...)
+	c.Key = append([]byte(nil), r.Key...)
+	c.Deliveries = append([]delivery(nil), r.Deliveries...)
+	if r.Reader != nil {
+		e := *r.Reader
+		c.Reader = &e
+	}
+	return &c
 }
 
 // readerEntry is the client connection attached to a stream, on whichever

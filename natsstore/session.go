@@ -32,13 +32,14 @@ type session struct {
 
 	mu      sync.Mutex
 	streams map[uint32]*stream
+	writers map[*stream]struct{} // streams with a writer here, until they end
 }
 
 var _ buffer.Session = (*session)(nil)
 
 func newSession(st *Store, rec *sessionRecord) *session {
 	s := &session{st: st, id: rec.ID, sh: sessionToken(rec.ID), epoch: rec.Epoch, meta: rec.meta(),
-		created: time.Unix(0, rec.Created), streams: make(map[uint32]*stream)}
+		created: time.Unix(0, rec.Created), streams: make(map[uint32]*stream), writers: make(map[*stream]struct{})}
 	s.inc = s.sh + "." + s.epoch
 	s.ctx, s.cancel = context.WithCancel(st.ctx)
 	s.touched.Store(rec.LastActive)
@@ -125,6 +126,41 @@ func (s *session) stream(num uint32, kind policy.StreamKind) *stream {
 	return str
 }
 
+// addWriter records that str has a writer here.
+func (s *session) addWriter(str *stream) {
+	s.mu.Lock()
+	s.writers[str] = struct{}{}
+	s.mu.Unlock()
+}
+
+// liveWriters returns the streams with a writer here whose records say
+// they are live; the others it forgets.
+func (s *session) liveWriters() []*stream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*stream, 0, len(s.writers))
+	for str := range s.writers {
+		if rec, ok := str.record(); ok && rec.State == policy.Live {
+			out = append(out, str)
+		} else {
+			delete(s.writers, str)
+		}
+	}
+	return out
+}
+
+// forget drops the handle of a stream whose record is gone, so a session
+// making calls for hours does not keep a handle for each.
+func (s *session) forget(str *stream) {
+	s.mu.Lock()
+	if s.streams[str.num] == str {
+		delete(s.streams, str.num)
+	}
+	delete(s.writers, str)
+	s.mu.Unlock()
+	s.st.byKey.CompareAndDelete(str.key, str)
+}
+
 // streamList returns the stream handles made here, standalone first.
 func (s *session) streamList() []*stream {
 	s.mu.Lock()
@@ -134,13 +170,7 @@ func (s *session) streamList() []*stream {
 
 // liveRequests counts the session's live request streams, on any replica.
 func (s *session) liveRequests() int {
-	n := 0
-	for _, key := range s.st.streams.keysOf(s.inc) {
-		if r, _, ok := s.st.streams.get(key); ok && r.Kind == policy.RequestStream && r.State == policy.Live {
-			n++
-		}
-	}
-	return n
+	return s.st.incs.liveRequests(s.inc)
 }
 
 func (s *session) AdmitStream() bool {
@@ -194,6 +224,7 @@ func (s *session) NewStream(ids []string, key [32]byte) (buffer.Stream, error) {
 		return nil, err
 	}
 	str := s.stream(num, policy.RequestStream)
+	str.fresh.Store(true)
 	st.keepLease(skey, str.producing.Load)
 	if s.gone() {
 		return nil, buffer.ErrSessionGone
@@ -220,13 +251,7 @@ func (s *session) Stream(num uint32) (buffer.Stream, bool) {
 
 // StreamByKey implements buffer.Session: the latest stream of the request.
 func (s *session) StreamByKey(key [32]byte) (buffer.Stream, bool) {
-	var found uint32
-	for _, k := range s.st.streams.keysOf(s.inc) {
-		r, _, ok := s.st.streams.get(k)
-		if ok && r.Kind == policy.RequestStream && string(r.Key) == string(key[:]) {
-			found = max(found, keyNum(k))
-		}
-	}
+	found := s.st.incs.latest(s.inc, key[:])
 	if found == 0 {
 		return nil, false
 	}

@@ -416,6 +416,9 @@ func (st *Store) Stats() buffer.Stats {
 // retainedOf is what a stream holds against the bounds: exact if this
 // replica produces it, else as its producer last recorded it.
 func (st *Store) retainedOf(key string, r *streamRecord) int64 {
+	if r.State != policy.Live {
+		return r.retained() // its end wrote its exact head
+	}
 	if v, ok := st.byKey.Load(key); ok {
 		if w := v.(*stream).currentWriter(); w != nil {
 			if n, ok := w.retained(r); ok {
@@ -497,7 +500,11 @@ func (st *Store) sessionChanged(sh string, cur *sessionRecord) {
 // again.
 func (st *Store) streamChanged(key string, cur *streamRecord) {
 	if v, ok := st.byKey.Load(key); ok {
-		v.(*stream).recordChanged(cur)
+		str := v.(*stream)
+		str.recordChanged(cur)
+		if cur == nil {
+			str.sess.forget(str) // retired, or its session ended: the handle goes too
+		}
 	}
 	st.freed.fire()
 }

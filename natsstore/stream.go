@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,7 @@ type stream struct {
 	// ended here: readers and blocked appends look again.
 	changed   signal
 	producing atomic.Bool // an upstream response here feeds it (TakeProducer)
+	fresh     atomic.Bool // opened here (NewStream): nothing is stored to it but by this replica
 	stalled   atomic.Bool
 	stalls    atomic.Uint64 // times this replica's producer began waiting on a full log
 
@@ -91,12 +93,13 @@ func (s *stream) writer() (*writer, error) {
 		return w, nil
 	}
 	w = newWriter(s)
-	if err := w.load(); err != nil {
+	if err := w.load(s.fresh.Load()); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	s.w = w
 	s.mu.Unlock()
+	s.sess.addWriter(s)
 	return w, nil
 }
 
@@ -181,9 +184,14 @@ func (s *stream) recordChanged(*streamRecord) {
 	}
 	s.rmu.Unlock()
 	for _, r := range over {
-		if cur == nil {
+		switch {
+		case cur == nil:
 			r.close(buffer.ErrSessionGone)
-		} else {
+		case cur.Reader == nil && cur.State == policy.Complete && r.leaving.Load():
+			r.close(io.EOF) // it left with the end, having everything
+		case cur.Reader == nil && cur.State == policy.Failed && r.leaving.Load():
+			r.close(&buffer.FailedError{Reason: cur.FailReason})
+		default:
 			r.close(buffer.ErrTakenOver)
 		}
 		r.release() // its consumer goes now, not when its relay notices
@@ -258,6 +266,12 @@ func (s *stream) Complete() {
 // then the end; on the standalone stream the signals go in and it goes on.
 func (s *stream) Fail(reason policy.Reason, signals ...buffer.Signal) {
 	st := s.sess.st
+	if s.currentWriter() == nil {
+		// Nothing was appended or attached here: learn where the stream
+		// stands from JetStream (fresh or not). If NATS is out of reach that
+		// fails, and the sweeper ends the stream once its lease lapses.
+		s.fresh.Store(false)
+	}
 	w, err := s.writer()
 	if err != nil {
 		// The stream ended already, or NATS is out of reach: then the
@@ -449,6 +463,11 @@ func (s *stream) attached(r *reader) {
 			} else {
 				r.close(buffer.ErrSessionGone)
 			}
+		}
+	} else if s.kind == policy.RequestStream && s.producing.Load() && s.sess.st.holds(s.key) {
+		// The producer is here: its writer feeds the reader what it stores.
+		if w, err := s.writer(); err == nil {
+			r.fed = w.register(r, r.next)
 		}
 	}
 	s.sess.Touch()

@@ -19,21 +19,17 @@ func (st *Store) sweepLoop() {
 	defer st.wg.Done()
 	t := time.NewTicker(st.opts.SweepInterval)
 	defer t.Stop()
-	lastTidy := time.Now()
 	for {
 		select {
 		case <-st.ctx.Done():
 			return
 		case <-t.C:
 		}
-		if time.Since(lastTidy) >= time.Minute {
-			lastTidy = time.Now()
-			st.tidy()
+		sweeper := !st.closing.Load() && st.holdSweeper()
+		st.tidy(sweeper)
+		if sweeper {
+			st.sweep(time.Now())
 		}
-		if st.closing.Load() || !st.holdSweeper() {
-			continue
-		}
-		st.sweep(time.Now())
 	}
 }
 
@@ -65,13 +61,15 @@ func (st *Store) sweep(now time.Time) {
 		if rec.readerAt(now, ttl) != nil {
 			connected[inc] = true
 		}
+		if rec.Kind == policy.RequestStream && rec.State != policy.Live {
+			ended[inc] = append(ended[inc], endedStream{key, rec.Ended}) // evicted by retire
+			return
+		}
 		if st.evictable(rec, now) >= rec.Floor {
 			st.evict(key, now)
 		}
 		switch {
 		case rec.Kind != policy.RequestStream:
-		case rec.State != policy.Live:
-			ended[inc] = append(ended[inc], endedStream{key, rec.Ended})
 		case !st.holds(key) && now.Sub(time.Unix(0, rec.Created)) >= ttl:
 			if !st.leased(st.ctx, key) {
 				st.failOrphan(key)
@@ -111,34 +109,47 @@ func (st *Store) incarnationHeld(inc string) bool {
 	return ok && r.Epoch == epoch
 }
 
-// retire drops the records of ended streams beyond EndedStreamsKept that
-// hold nothing a client could still get, oldest first.
+// retire evicts what ended streams may lose now, and drops the records of
+// those beyond EndedStreamsKept that then hold nothing a client could
+// still get, oldest first. A record that goes takes its events with it:
+// one delete and one purge, no floor moved first.
 func (st *Store) retire(list []endedStream, now time.Time) {
 	excess := len(list) - buffer.EndedStreamsKept
-	if excess <= 0 {
-		return
+	if excess > 0 {
+		sort.Slice(list, func(i, j int) bool {
+			if list[i].ended != list[j].ended {
+				return list[i].ended < list[j].ended
+			}
+			return keyNum(list[i].key) < keyNum(list[j].key)
+		})
 	}
-	sort.Slice(list, func(i, j int) bool {
-		if list[i].ended != list[j].ended {
-			return list[i].ended < list[j].ended
-		}
-		return keyNum(list[i].key) < keyNum(list[j].key)
-	})
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	for _, e := range list {
-		if excess == 0 {
-			return
-		}
 		rec, rev, ok := st.streams.get(e.key)
-		if !ok || !st.retirable(rec, now) {
+		if !ok {
 			continue
 		}
+		if excess <= 0 || !st.retirable(rec, now) {
+			if st.evictable(rec, now) >= rec.Floor {
+				st.evict(e.key, now)
+			}
+			continue
+		}
+		// Removed at the revision judged, so nothing (an attach, an
+		// acknowledgement undone) came between the judgement and the end.
 		if err := st.streams.remove(ctx, e.key, rev); err != nil {
 			continue
 		}
-		st.purge(ctx, st.names.subject(e.key), 0) // its end marker
 		excess--
+		if rec.Head >= rec.Floor {
+			st.counters.EventsEvicted.Add(rec.Head - rec.Floor + 1)
+		}
+		if !rec.Purged {
+			st.purge(ctx, st.names.subject(e.key), 0) // its events and end marker
+			st.total.invalidate()
+		}
+		st.freed.fire()
 	}
 }
 
@@ -224,7 +235,9 @@ func (st *Store) failOrphan(key string) {
 }
 
 // recordEnd writes a stream's end into its record.
-func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64, answers map[string]uint64) {
+// also, if given, changes the record with the end (in the same write).
+func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64,
+	answers map[string]uint64, also ...func(*streamRecord)) {
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	_, err := st.streams.update(ctx, key, func(r *streamRecord) error {
@@ -236,6 +249,11 @@ func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.R
 		}
 		r.State, r.FailReason, r.Ended = state, reason, time.Now().UnixNano()
 		r.Head, r.HeadOff, r.Synced = max(r.Head, head), max(r.HeadOff, off), max(r.Synced, msg)
+		for _, f := range also {
+			if f != nil {
+				f(r)
+			}
+		}
 		return nil
 	})
 	if err != nil && !errors.Is(err, errNotFound) {
@@ -243,19 +261,63 @@ func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.R
 	}
 }
 
-// tidy forgets old deletions in the mirrors and, on the sweeper, in the
-// buckets (delete markers would pile up for every session ever ended).
-func (st *Store) tidy() {
-	st.sessions.prune(time.Minute)
-	st.streams.prune(time.Minute)
-	st.tombs.prune(time.Minute)
-	st.leases.prune(time.Minute)
-	if !st.holdSweeper() {
-		return
+// tidyAge is how long a deletion is remembered (in the mirrors, by its
+// marker in the bucket) before tidy forgets it (a variable for tests).
+var tidyAge = time.Minute
+
+// tidyBatch bounds the deletions one tidy step takes from each mirror; the
+// rest wait for the next step.
+const tidyBatch = 4096
+
+// tidy forgets the deletions the mirrors saw a minute ago and, on the
+// sweeper, removes their markers from the buckets (they would pile up for
+// every session and stream ever ended). It runs every sweep interval and
+// takes only what came due since the last step, so its cost follows the
+// deletions as they happen instead of arriving at once: there is no scan
+// of the buckets (KeyValue.PurgeDeletes reads every key of one). Each
+// marker goes by a purge of its key below the marker's revision and the
+// marker itself, so a key written again since keeps its new value. Lease
+// markers expire by themselves (markerTTL) and are only forgotten. A
+// replica that starts loads every marker into its mirror, so markers
+// whose deleter died before the minute was up are removed all the same.
+func (st *Store) tidy(sweeper bool) {
+	st.leases.due(tidyAge, tidyBatch)
+	for _, m := range []struct {
+		bucket string
+		due    func(time.Duration, int) []keyRev
+	}{{st.names.sessions, st.sessions.due}, {st.names.streams, st.streams.due}, {st.names.tombs, st.tombs.due}} {
+		list := m.due(tidyAge, tidyBatch)
+		if !sweeper || len(list) == 0 {
+			continue
+		}
+		kv, err := st.kvStream(m.bucket)
+		if err != nil {
+			st.fault("purge_deletes", err)
+			continue
+		}
+		ctx, cancel := st.opCtx()
+		for _, d := range list {
+			err := kv.Purge(ctx, jetstream.WithPurgeSubject("$KV."+m.bucket+"."+d.key), jetstream.WithPurgeSequence(d.rev+1))
+			if err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				st.fault("purge_deletes", err)
+				break // the next step's deletions; these markers stay (harmless)
+			}
+		}
+		cancel()
+	}
+}
+
+// kvStream returns the stream under a bucket (cached).
+func (st *Store) kvStream(bucket string) (jetstream.Stream, error) {
+	if v, ok := st.kvStreams.Load(bucket); ok {
+		return v.(jetstream.Stream), nil
 	}
 	ctx, cancel := st.opCtx()
 	defer cancel()
-	for _, kv := range []jetstream.KeyValue{st.sessions.kv, st.streams.kv, st.tombs.kv, st.leases.kv} {
-		st.fault("purge_deletes", kv.PurgeDeletes(ctx, jetstream.DeleteMarkersOlderThan(time.Minute)))
+	s, err := st.js.Stream(ctx, "KV_"+bucket)
+	if err != nil {
+		return nil, err
 	}
+	st.kvStreams.Store(bucket, s)
+	return s, nil
 }

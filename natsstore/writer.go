@@ -54,6 +54,7 @@ type writer struct {
 	room     signal // a batch was taken or stored, or the writer stopped
 
 	others othersCache
+	feed   feed // for the local reader (feed.go)
 }
 
 type batch struct {
@@ -94,13 +95,19 @@ func newWriter(s *stream) *writer {
 	return &writer{s: s, st: s.sess.st, answers: make(map[string]uint64)}
 }
 
-// load learns where the stream stands from its last stored message.
-func (w *writer) load() error {
-	ctx, cancel := w.st.opCtx()
-	defer cancel()
-	last, err := w.st.lastMsg(ctx, w.s.subject)
-	if err != nil {
-		return err
+// load learns where the stream stands from its last stored message. A
+// stream this replica opened (fresh) has none to read: no one else stores
+// to it while its lease is held here, and a sweeper that ended it all the
+// same is in its record, or refuses the first publish its expectation.
+func (w *writer) load(fresh bool) error {
+	var last *msgInfo
+	if !fresh {
+		ctx, cancel := w.st.opCtx()
+		defer cancel()
+		var err error
+		if last, err = w.st.lastMsg(ctx, w.s.subject); err != nil {
+			return err
+		}
 	}
 	rec, ok := w.s.record()
 	if !ok {
@@ -228,6 +235,7 @@ func (w *writer) flush() {
 		w.room.fire()
 
 		began := time.Now()
+		fed := false // the local reader holds the batch's bytes: they are not reused
 		// Each message stored moves what is stored: an event in parts is
 		// stored with its last part.
 		_, err := w.st.storeMsgs(b.msgs(w.s.subject, w.s.key, w.st.partRoom), expect, w.aborted, w.emptied,
@@ -236,6 +244,12 @@ func (w *writer) flush() {
 				w.lastMsg = seq
 				if !o.partial {
 					w.stored, w.storedOff = o.last, o.endOff
+				}
+				if w.feed.reader != nil {
+					info := o.info
+					info.seq = seq
+					w.fedLocked(info, o.msg.Data)
+					fed = true
 				}
 				w.mu.Unlock()
 				w.st.total.add(seq, o.stored) // before it leaves unstored: never counted in neither
@@ -246,7 +260,7 @@ func (w *writer) flush() {
 		}
 		w.mu.Lock()
 		if err == nil {
-			if cap(b.buf) <= 2*w.st.batchMax {
+			if cap(b.buf) <= 2*w.st.batchMax && !fed {
 				w.spare = b.buf[:0]
 			}
 		} else {
@@ -263,8 +277,21 @@ func (w *writer) flush() {
 		}
 		w.st.unstored.Add(-int64(len(b.buf)))
 		w.room.fire()
-		if err == nil {
-			w.sync(len(b.answers) > 0)
+		if err == nil && len(b.answers) > 0 {
+			// Answers reach the record within answerSync, unless the stream
+			// is being finished by then: its end writes them with it. A
+			// call's result is followed by its end at once, and one write
+			// does for both.
+			time.AfterFunc(answerSync, func() {
+				w.mu.Lock()
+				ending := w.ending
+				w.mu.Unlock()
+				if !ending {
+					w.sync(true)
+				}
+			})
+		} else if err == nil {
+			w.sync(false)
 		}
 	}
 }
@@ -367,6 +394,10 @@ func (w *writer) waitStoredTo(seq uint64, d time.Duration) {
 	}
 }
 
+// answerSync is how soon answers stored reach the stream record (the
+// producer's own View has them at once).
+const answerSync = 5 * time.Millisecond
+
 func (st *Store) endTimeout() time.Duration {
 	return min(max(st.Limits().StallTimeout, time.Second), 30*time.Second)
 }
@@ -451,13 +482,24 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 	if w.stored == w.head {
 		upstream = w.upstream
 	}
+	fed := w.feed.reader
 	w.mu.Unlock()
 	if !failed {
 		// The record first: readers on every replica end by it (after the
-		// head), so the marker that follows only ends them sooner.
-		w.recordEnd(state, reason, head, off, expect)
+		// head), so the marker that follows only ends them sooner. A client
+		// here that has everything leaves with the end (feed.go).
+		w.recordEnd(state, reason, head, off, expect, fed.leaveWithEnd(head))
 		msg := endMarker(s.subject, head, off, state, reason, upstream)
-		if seq, err := st.publishAfter(msg, s.key+".end", expect, func() error { return nil }, w.emptied); err == nil {
+		// The marker only ends readers sooner: it is not worth waiting for
+		// past the end's own bound when NATS is out of reach.
+		deadline := time.Now().Add(st.endTimeout())
+		giveUp := func() error {
+			if time.Now().After(deadline) {
+				return context.DeadlineExceeded
+			}
+			return nil
+		}
+		if seq, err := st.publishAfter(msg, s.key+".end", expect, giveUp, w.emptied); err == nil {
 			w.mu.Lock()
 			w.lastMsg = seq
 			w.mu.Unlock()
@@ -469,14 +511,14 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 }
 
 // recordEnd writes the end into the stream record.
-func (w *writer) recordEnd(state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64) {
+func (w *writer) recordEnd(state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64, also ...func(*streamRecord)) {
 	w.mu.Lock()
 	answers := make(map[string]uint64, len(w.answers))
 	for id, seq := range w.answers {
 		answers[id] = seq
 	}
 	w.mu.Unlock()
-	w.st.recordEnd(w.s.key, state, reason, head, off, msg, answers)
+	w.st.recordEnd(w.s.key, state, reason, head, off, msg, answers, also...)
 }
 
 // signal appends the standalone stream's failure signals; it goes on.
