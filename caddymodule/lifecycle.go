@@ -13,29 +13,38 @@ import "fmt"
 //	  connecting, serving ──replaced──▶ draining_reload ──drained──▶ closed
 //	  draining_reload ──exit──▶ draining_exit, released (the drain gets its bound)
 //	memory store: connecting, serving ──exit──▶ stopped; ──replaced, released on exit──▶ closed
-//	unopened ──exit──▶ stopped; unopened, connecting, serving, stopped ──released──▶ closed
+//	both stores:
+//	  connecting, serving ──released──▶ draining_release ──drained──▶ closed
+//	  draining_release ──exit──▶ draining_release (bounded already)
+//	unopened ──exit──▶ stopped; unopened, stopped ──released──▶ closed
 //	closed ──connected──▶ closed (the late store is closed)
 //
 // A shared store drains: new calls get 503 while the running ones read on
 // into the store, so their results are there on another replica. On exit
 // the drain gives up after drain_timeout; after a reload that moved the
 // handlers to another store it has no bound (every call ends by itself)
-// until the process exits.
+// until the process exits. A reload that leaves no handler in the zone at
+// all (it renamed the zone, or took mcp_resume off) drains it too, on
+// either store, within drain_timeout: as plain reverse_proxy lets a
+// request in flight finish, a call goes on to its end, on the connection
+// its client has, or into the shared store; a memory store's content has
+// nowhere to go, but its running calls need not be cut.
 
 // zoneState is where a zone is in its life.
 type zoneState uint8
 
 const (
-	zoneUnopened       zoneState = iota // provisioned: a shared store connects once Caddy runs the configuration
-	zoneConnecting                      // the store is opening (a shared one retries); requests that need it get 503
-	zoneServing                         // the store is open
-	zoneDrainingReload                  // a reload moved the handlers to another store; running calls end into this one
-	zoneDrainingExit                    // the process is stopping; running calls end into the store within drain_timeout
-	zoneStopped                         // reads and relays are cut; the store closes when no configuration holds the zone
-	zoneClosed                          // the store is closed
+	zoneUnopened        zoneState = iota // provisioned: a shared store connects once Caddy runs the configuration
+	zoneConnecting                       // the store is opening (a shared one retries); requests that need it get 503
+	zoneServing                          // the store is open
+	zoneDrainingReload                   // a reload moved the handlers to another store; running calls end into this one
+	zoneDrainingExit                     // the process is stopping; running calls end into the store within drain_timeout
+	zoneDrainingRelease                  // a reload left no handler in the zone; running calls end within drain_timeout
+	zoneStopped                          // reads and relays are cut; the store closes when no configuration holds the zone
+	zoneClosed                           // the store is closed
 )
 
-var zoneStateNames = [...]string{"unopened", "connecting", "serving", "draining_reload", "draining_exit", "stopped", "closed"}
+var zoneStateNames = [...]string{"unopened", "connecting", "serving", "draining_reload", "draining_exit", "draining_release", "stopped", "closed"}
 
 func (s zoneState) String() string {
 	if int(s) < len(zoneStateNames) {
@@ -111,7 +120,7 @@ type zonePhase struct {
 func step(p zonePhase, ev zoneEvent, shared bool) (next zonePhase, act zoneAction, ok bool) {
 	s := p.state
 	live := s == zoneConnecting || s == zoneServing
-	draining := s == zoneDrainingReload || s == zoneDrainingExit
+	draining := s == zoneDrainingReload || s == zoneDrainingExit || s == zoneDrainingRelease
 	closed := zonePhase{state: zoneClosed, released: true}
 	switch ev {
 	case zoneOpen:
@@ -138,11 +147,14 @@ func step(p zonePhase, ev zoneEvent, shared bool) (next zonePhase, act zoneActio
 			return zonePhase{state: zoneStopped}, actStop, true
 		case s == zoneDrainingReload:
 			return zonePhase{state: zoneDrainingExit, released: true}, actBound, true
-		default: // exiting already, or over
+		default: // exiting already, bounded already (draining_release), or over
 			return p, 0, true
 		}
 	case zoneReleased:
-		if s == zoneUnopened || live || s == zoneStopped {
+		switch {
+		case live: // running calls end, within drain_timeout, whatever the store
+			return zonePhase{state: zoneDrainingRelease, released: true}, actDrain | actBound, true
+		case s == zoneUnopened, s == zoneStopped:
 			return closed, actStop | actClose, true
 		}
 	case zoneReplaced:

@@ -16,10 +16,11 @@ func TestZoneLifecycleTransitions(t *testing.T) {
 		drainingReload = zonePhase{state: zoneDrainingReload, released: true}
 		drainingExit   = zonePhase{state: zoneDrainingExit}
 		drainingExitR  = zonePhase{state: zoneDrainingExit, released: true}
+		drainingRel    = zonePhase{state: zoneDrainingRelease, released: true}
 		stopped        = zonePhase{state: zoneStopped}
 		closed         = zonePhase{state: zoneClosed, released: true}
 	)
-	phases := []zonePhase{unopened, connecting, serving, drainingReload, drainingExit, drainingExitR, stopped, closed}
+	phases := []zonePhase{unopened, connecting, serving, drainingReload, drainingExit, drainingExitR, drainingRel, stopped, closed}
 	const (
 		both = iota
 		sharedOnly
@@ -40,6 +41,7 @@ func TestZoneLifecycleTransitions(t *testing.T) {
 		{drainingReload, zoneOpen, both, drainingReload, 0},
 		{drainingExit, zoneOpen, both, drainingExit, 0},
 		{drainingExitR, zoneOpen, both, drainingExitR, 0},
+		{drainingRel, zoneOpen, both, drainingRel, 0},
 		{stopped, zoneOpen, both, stopped, 0},
 		{closed, zoneOpen, both, closed, 0},
 
@@ -49,11 +51,13 @@ func TestZoneLifecycleTransitions(t *testing.T) {
 		{drainingReload, zoneConnected, both, drainingReload, actKeepStore},
 		{drainingExit, zoneConnected, both, drainingExit, actKeepStore},
 		{drainingExitR, zoneConnected, both, drainingExitR, actKeepStore},
+		{drainingRel, zoneConnected, both, drainingRel, actKeepStore},
 		{stopped, zoneConnected, both, stopped, actKeepStore},
 		{closed, zoneConnected, both, closed, actDiscardStore},
 
 		// Exit: a shared store drains within drain_timeout, the memory
-		// store's reads end at once; a reload's drain gets its bound.
+		// store's reads end at once; a reload's drain gets its bound (a
+		// release's has it already).
 		{unopened, zoneExit, both, stopped, actStop},
 		{connecting, zoneExit, sharedOnly, drainingExit, actDrain | actBound},
 		{serving, zoneExit, sharedOnly, drainingExit, actDrain | actBound},
@@ -62,13 +66,17 @@ func TestZoneLifecycleTransitions(t *testing.T) {
 		{drainingReload, zoneExit, both, drainingExitR, actBound},
 		{drainingExit, zoneExit, both, drainingExit, 0},
 		{drainingExitR, zoneExit, both, drainingExitR, 0},
+		{drainingRel, zoneExit, both, drainingRel, 0},
 		{stopped, zoneExit, both, stopped, 0},
 		{closed, zoneExit, both, closed, 0},
 
-		// Released while the process goes on, no successor: closed now.
+		// Released while the process goes on, no successor (a reload
+		// renamed the zone or took mcp_resume off): any store drains within
+		// drain_timeout, so the running calls are not cut; with nothing
+		// running (unopened, stopped) closed now.
 		{unopened, zoneReleased, both, closed, actStop | actClose},
-		{connecting, zoneReleased, both, closed, actStop | actClose},
-		{serving, zoneReleased, both, closed, actStop | actClose},
+		{connecting, zoneReleased, both, drainingRel, actDrain | actBound},
+		{serving, zoneReleased, both, drainingRel, actDrain | actBound},
 		{stopped, zoneReleased, both, closed, actStop | actClose},
 
 		// Replaced by a reload to another store: a shared store drains
@@ -94,6 +102,7 @@ func TestZoneLifecycleTransitions(t *testing.T) {
 		{drainingReload, zoneDrained, both, closed, actStop | actClose},
 		{drainingExit, zoneDrained, both, stopped, actStop},
 		{drainingExitR, zoneDrained, both, closed, actStop | actClose},
+		{drainingRel, zoneDrained, both, closed, actStop | actClose},
 	}
 	type key struct {
 		from   zonePhase
@@ -143,7 +152,9 @@ func TestZoneLifecycleEndsClosed(t *testing.T) {
 			{zoneOpen, zoneConnected, zoneReplaced, zoneExit, zoneDrained},
 			{zoneOpen, zoneConnected, zoneReplaced, zoneDrained},
 			{zoneOpen, zoneReplaced, zoneDrained, zoneConnected},
-			{zoneOpen, zoneConnected, zoneReleased},
+			{zoneOpen, zoneConnected, zoneReleased, zoneDrained},
+			{zoneOpen, zoneConnected, zoneReleased, zoneExit, zoneDrained},
+			{zoneOpen, zoneReleased, zoneDrained, zoneConnected},
 			{zoneReleased},
 			{zoneExit, zoneReleasedOnExit},
 		} {
@@ -167,6 +178,12 @@ func TestZoneLifecycleEndsClosed(t *testing.T) {
 
 func TestZoneLifecycleNames(t *testing.T) {
 	if s := zoneDrainingExit.String(); s != "draining_exit" {
+		t.Errorf("state name %q", s)
+	}
+	if s := zoneDrainingRelease.String(); s != "draining_release" {
+		t.Errorf("state name %q", s)
+	}
+	if s := zoneClosed.String(); s != "closed" {
 		t.Errorf("state name %q", s)
 	}
 	if s := zoneState(99).String(); s != "zoneState(99)" {

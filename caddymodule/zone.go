@@ -109,10 +109,13 @@ func (z *zone) perform(act zoneAction) {
 }
 
 // Destruct implements caddy.Destructor. It comes when no configuration
-// holds the zone any more: the process exits, Caddy stops, or a reload
-// moved the zone's handlers to another store. A shared store drains then
-// (see lifecycle.go); a reload's drain runs in the background, handed to
-// the zone that replaced this one, while the new configuration serves.
+// holds the zone any more: the process exits, Caddy stops, a reload moved
+// the zone's handlers to another store, or a reload left no handler in the
+// zone (it renamed the zone, or took mcp_resume off). A shared store drains
+// then, and after a reload that left the zone any store does (see
+// lifecycle.go); a reload's drain runs in the background, handed to the
+// zone that replaced this one (or to any other zone), while the new
+// configuration serves.
 func (z *zone) Destruct() error {
 	switch successor := z.successor(); {
 	case caddy.Exiting():
@@ -130,7 +133,7 @@ func (z *zone) Destruct() error {
 		z.fire(zoneReplaced)
 		successor.inherit(append(z.takeLeft(), z))
 	default:
-		z.fire(zoneReleased)
+		z.fire(zoneReleased) // its running calls end within drain_timeout
 		z.leaveDrains()
 	}
 	return nil
@@ -174,11 +177,15 @@ func isClosed(z *zone) bool {
 	}
 }
 
-// leaveDrains hands the drains this zone inherited to another zone when a
-// reload removed this one's name: an exit then bounds and waits for them.
-// With no zone left to wait for them, their drains are bounded now.
+// leaveDrains hands the drains this zone inherited, and its own, to
+// another zone when a reload removed this one's name: an exit then bounds
+// and waits for them. With no zone left to wait for them, their drains are
+// bounded now, and the process's exit waits for them.
 func (z *zone) leaveDrains() {
 	left := z.takeLeft()
+	if !isClosed(z) {
+		left = append(left, z) // draining (draining_release), bounded
+	}
 	if len(left) == 0 {
 		return
 	}
@@ -195,6 +202,39 @@ func (z *zone) leaveDrains() {
 	}
 	for _, l := range left {
 		l.fire(zoneExit)
+	}
+	orphans.add(left)
+}
+
+// orphans are the zones still draining that no configuration's zone
+// waits for (a reload left no zone at all): the process's exit waits for
+// them (their drains are bounded), as it waits for the drains a zone
+// inherited.
+var orphans orphanDrains
+
+type orphanDrains struct {
+	mu    sync.Mutex
+	zones []*zone
+	hook  sync.Once
+}
+
+func (o *orphanDrains) add(zs []*zone) {
+	o.hook.Do(func() { caddy.OnExit(func(context.Context) { o.wait() }) })
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.zones = slices.DeleteFunc(o.zones, isClosed)
+	o.zones = append(o.zones, zs...)
+}
+
+// wait waits for every orphan drain to end and its zone to close.
+func (o *orphanDrains) wait() {
+	o.mu.Lock()
+	zs := o.zones
+	o.zones = nil
+	o.mu.Unlock()
+	for _, z := range zs {
+		z.fire(zoneExit)
+		<-z.closed
 	}
 }
 
@@ -340,21 +380,30 @@ func (z *zone) storeOptions() StoreOptions {
 	}
 }
 
-// drain starts a shared store's drain: new calls get 503, the next GET
-// of a standalone stream goes to another replica, and the running calls
-// read on into the store until they end or the drain's bound passes
-// (drainUntil: a reload's drain has none until the process exits).
+// drain starts a zone's drain: new calls get 503, the next GET of a
+// standalone stream goes to another replica, and the running calls read on
+// into the store until they end or the drain's bound passes (drainUntil: a
+// reload's drain to another store has none until the process exits). A
+// memory store drains only when a reload left no handler in its zone: its
+// running calls go on to their clients.
 func (z *zone) drain() {
 	z.rt.StartDrain()
 	z.mu.Lock()
 	why, bounded := "a reload moved the zone to another store", !z.drainUntil.IsZero()
-	if z.phase.state == zoneDrainingExit {
+	switch z.phase.state {
+	case zoneDrainingExit:
 		why = "the process is stopping"
+	case zoneDrainingRelease:
+		why = "a reload left no handler in the zone"
 	}
 	timeout := z.drainTimeout
 	z.mu.Unlock()
 	logger := z.logger.Load()
-	logger.Info("draining: running upstream reads go on into the shared store; new calls get 503",
+	msg := "draining: running upstream reads go on into the shared store; new calls get 503"
+	if !z.backend.Shared() {
+		msg = "draining: running upstream reads go on to their end; new calls get 503"
+	}
+	logger.Info(msg,
 		zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.rt.Reads()),
 		zap.Duration("drain_timeout", timeout), zap.Bool("bounded", bounded))
 	go func() {

@@ -55,7 +55,8 @@ func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 }
 
 // A memory zone serves from its creation; a reload keeps it (the pool
-// holds it twice), and the last release closes it and its store.
+// holds it twice), and the last release drains it (its running calls go
+// on to their clients), then closes it and its store.
 func TestZoneMemoryServesAtOnceAndClosesOnRelease(t *testing.T) {
 	z, err := loadZone("zt-memory", "memory", MemoryStore{}, time.Second, testZoneLimits(), 1<<20, zap.NewNop())
 	if err != nil {
@@ -79,7 +80,10 @@ func TestZoneMemoryServesAtOnceAndClosesOnRelease(t *testing.T) {
 	if p := phaseOf(z); p.state != zoneServing {
 		t.Fatalf("a zone another configuration holds is %s", p.state)
 	}
-	releaseZone("zt-memory", "memory")
+	releaseZone("zt-memory", "memory") // a reload left no handler in the zone: it drains (no call runs: at once)
+	if !z.rt.Draining() {
+		t.Fatal("the released zone does not drain")
+	}
 	waitClosed(t, z.closed, "the released zone to close")
 	if p := phaseOf(z); p != (zonePhase{state: zoneClosed, released: true}) {
 		t.Fatalf("released zone: %+v", p)
