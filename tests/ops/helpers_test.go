@@ -200,6 +200,7 @@ type streamInfo struct {
 	Connected     bool     `json:"connected"`
 	Producing     bool     `json:"producing"`
 	Stalled       bool     `json:"stalled"`
+	Stalls        uint64   `json:"stalls"`
 	RequestIDs    []string `json:"request_ids"`
 }
 
