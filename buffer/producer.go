@@ -36,6 +36,19 @@ type Producer interface {
 	Done()
 }
 
+// Lapsed is implemented by a Producer of a shared store that says how its
+// role was taken. From a released role (or none) the previous upstream
+// response is known closed. From a lease that lapsed unreleased it is not:
+// the holder stops itself before its lease can lapse, but a holder frozen
+// meanwhile (SIGSTOP, a paused VM) cannot, and its upstream response stays
+// open until it runs again and finds the lease gone. A 409 the upstream
+// answers soon after such a take is then the proxy's own conflict.
+type Lapsed interface {
+	// Lapsed reports whether the role was taken from a lease that lapsed
+	// while another replica held it.
+	Lapsed() bool
+}
+
 // memProducer is a Producer of a MemoryStore.
 type memProducer struct {
 	ctx    context.Context

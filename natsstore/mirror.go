@@ -65,6 +65,10 @@ type entry[T any] struct {
 	raw  []byte // the value as stored, decoded afresh for each write
 	gone int64  // unix nanos of the deletion
 	seen int64  // unix nanos when this revision reached the mirror
+	// Of a deletion: the value deleted, and whether the key went by its
+	// TTL's expiry (or was found gone unseen) rather than a delete.
+	prev    *T
+	expired bool
 }
 
 func newMirror[T any](kv jetstream.KeyValue, group func(string) string, changed func(string, *T)) *mirror[T] {
@@ -124,8 +128,9 @@ func (m *mirror[T]) confirm(ctx context.Context, key string, maxAge time.Duratio
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
 			// Gone since rev: its expiry or deletion left a marker, so
-			// anything written later has a revision above rev+1.
-			m.apply(key, rev+1, nil, nil)
+			// anything written later has a revision above rev+1. Gone
+			// unseen, as far as this mirror knows: taken as expired.
+			m.applyAs(key, rev+1, nil, nil, true)
 		case err == nil && e.Revision() > rev:
 			v := new(T)
 			if json.Unmarshal(e.Value(), v) == nil {
@@ -186,6 +191,11 @@ func (m *mirror[T]) count() int {
 // apply records the value at key as of rev (raw nil: deleted) unless the
 // mirror already holds that revision or a newer one.
 func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
+	return m.applyAs(key, rev, raw, val, false)
+}
+
+// applyAs is apply; expired tells a deletion by expiry from a delete.
+func (m *mirror[T]) applyAs(key string, rev uint64, raw []byte, val *T, expired bool) bool {
 	m.mu.Lock()
 	e := m.entries[key]
 	if e != nil && e.rev >= rev {
@@ -197,6 +207,13 @@ func (m *mirror[T]) apply(key string, rev uint64, raw []byte, val *T) bool {
 		m.entries[key] = e
 	}
 	was, old := e.val != nil, e.val
+	if val == nil && was {
+		e.prev = e.val
+	}
+	if val != nil {
+		e.prev = nil
+	}
+	e.expired = val == nil && expired
 	e.rev, e.val, e.raw, e.seen = rev, val, raw, time.Now().UnixNano()
 	if m.index != nil && (old != nil || val != nil) {
 		m.index(key, old, val)
@@ -327,7 +344,9 @@ func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
 		return // a replica's health probe, not a record
 	}
 	if e.Operation() != jetstream.KeyValuePut {
-		m.apply(e.Key(), e.Revision(), nil, nil)
+		// A key's TTL expiry reaches the watch as a purge marker (the
+		// store never purges keys itself); a delete as a delete.
+		m.applyAs(e.Key(), e.Revision(), nil, nil, e.Operation() == jetstream.KeyValuePurge)
 		return
 	}
 	m.mu.RLock()
@@ -570,6 +589,23 @@ func (m *mirror[T]) deleted(key string, base uint64) {
 	if current {
 		m.apply(key, base+1, nil, nil)
 	}
+}
+
+// unreleased returns the value key last held as this mirror saw it, unless
+// it was deleted: still there, or gone by its TTL's expiry. A writer that
+// creates the key now takes it from a holder that did not give it up.
+func (m *mirror[T]) unreleased(key string) *T {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	switch e := m.entries[key]; {
+	case e == nil:
+		return nil
+	case e.val != nil:
+		return e.val
+	case e.expired:
+		return e.prev
+	}
+	return nil
 }
 
 func (m *mirror[T]) revOf(key string) uint64 {

@@ -15,7 +15,12 @@ package natsstore
 //     a holder that cannot renew its standalone lease stops itself at 2/3
 //     of lease_ttl (fenceAfter), before the lease can lapse, so a taker
 //     that creates a lapsed lease knows the same (the holder died, or is cut
-//     off and closed its GET). A standalone lease of an ended incarnation
+//     off and closed its GET). A holder frozen past its lease (SIGSTOP, a
+//     paused VM) cannot stop itself, though: its GET stays open until it
+//     runs again, finds the lease gone (its fence is overdue, its renewal
+//     fails) and closes it. So a producer that took a lapsed lease says so
+//     (buffer.Lapsed), and the upstream's 409 soon after is the proxy's own
+//     (resume/standalone.go). A standalone lease of an ended incarnation
 //     is left to its holder (clearIncarnation), and the next incarnation's
 //     producer waits for it to go.
 
@@ -37,9 +42,11 @@ type producer struct {
 	done   chan struct{}
 	once   sync.Once
 	gone   func() // runs once, at Done
+	lapsed bool   // the lease was taken from a holder that did not release it
 }
 
 func (p *producer) Context() context.Context { return p.ctx }
+func (p *producer) Lapsed() bool             { return p.lapsed }
 func (p *producer) Stop()                    { p.cancel() }
 
 func (p *producer) Done() {
@@ -137,7 +144,9 @@ func (s *stream) TakeProducer(ctx context.Context) (buffer.Producer, error) {
 			st.local.abandon(key, p)
 			return nil, err
 		}
+		prev := st.leases.unreleased(s.key) // before acquire writes the key
 		ok, _ := st.acquire(s.key, p.Stop)
+		p.lapsed = ok && prev != nil && prev.Replica != st.opts.ReplicaID
 		if !ok {
 			st.local.abandon(key, p)
 			return nil, buffer.ErrProducing

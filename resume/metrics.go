@@ -32,7 +32,7 @@ var (
 	limitsHit = newCounterVec("limit_rejections_total",
 		"Requests refused, passed through or streams failed because a configured limit was reached, by limit.", "limit")
 	upstreamReconnects = newCounterVec("upstream_reconnects_total",
-		"GETs with the upstream's Last-Event-ID (or, on the standalone stream, without one) that resumed an upstream stream that ended early, by outcome: resumed, failed, refused, exhausted.", "outcome")
+		"GETs with the upstream's Last-Event-ID (or, on the standalone stream, without one) that resumed an upstream stream that ended early, by outcome: resumed, failed, refused, exhausted; own_conflict (a standalone GET taken over from a lapsed lease met a 409: asked again), own_conflict_exhausted (it did not open within the bound).", "outcome")
 	untapped = newCounterVec("untapped_total",
 		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused, attach_failed.", "reason")
 	storeRefusals = newCounterVec("store_refusals_total",

@@ -256,7 +256,8 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 		t.startRelay(w, rd, h.adoptionGap(s, lastID, reason), 0)
 		return true
 	}
-	res := t.openStandalone(r, w, start)
+	// A new session here: its producer role comes with it, from no lease.
+	res := t.openStandalone(r, w, start, time.Time{}, nil)
 	unlock() // the upstream answered: the session is adopted, or not to be
 	switch {
 	case attachErr != nil:

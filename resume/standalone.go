@@ -23,7 +23,8 @@ import (
 // upstream's answer only decides what follows. A GET with nothing to send
 // waits for the upstream's answer, so a refusal (404: re-initialize; 405:
 // no GET stream here; 409: the upstream's own) reaches the client as plain
-// reverse_proxy would pass it.
+// reverse_proxy would pass it. A 409 that is the proxy's own conflict (see
+// openStandalone) never does: the client gets its stream.
 func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Next,
 	sess buffer.Session, rd buffer.Reader, pre []byte, replayUpTo uint64) error {
 	stream := sess.Standalone()
@@ -57,18 +58,26 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 	defer t.close()
 	defer context.AfterFunc(h.rt.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
 	t.lastID = stream.UpstreamCursor()
-	answerNow := gap || rd.Next() <= stream.View().Head
+	answered := false
+	answer := func() {
+		t.startRelay(w, rd, pre, replayUpTo)
+		answered = true
+	}
 	var out http.ResponseWriter = h.sessionWatch(w, sess.ID())
 	start := func(http.Header) bool {
-		t.startRelay(w, rd, pre, replayUpTo)
+		answer()
 		return true
 	}
-	if answerNow {
-		t.startRelay(w, rd, pre, replayUpTo)
+	if gap || rd.Next() <= stream.View().Head {
+		answer()
 		out, start = discard(), func(http.Header) bool { return true }
 	}
-	res := t.openStandalone(r, out, start)
-	if !res.tapped && !answerNow {
+	var own time.Time // until when a 409 is the proxy's own conflict
+	if l, ok := p.(buffer.Lapsed); ok && l.Lapsed() {
+		own = time.Now().Add(ownConflictBound)
+	}
+	res := t.openStandalone(r, out, start, own, answer)
+	if !res.tapped && !answered {
 		rd.Close() // the upstream's answer went to the client (a 404 ended the session)
 		return res.proxied
 	}
@@ -82,28 +91,76 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 // later (1 to 40 ms measured, on a loaded machine, for the Go SDK server,
 // which answers 409 meanwhile). So a 409 within noticeGrace of this
 // runtime's own close of the session's previous GET is asked again after
-// a pause; any other 409 is the upstream's answer, for the client.
-func (t *upstreamTap) openStandalone(r *http.Request, out http.ResponseWriter, start func(http.Header) bool) attemptResult {
+// a pause.
+//
+// Until own (the producer role was taken from a lapsed lease: the previous
+// holder may be frozen with its GET still open, and closes it once it runs
+// again) a 409 is the proxy's own conflict too: the client waiting for the
+// answer gets its stream now (answer), and the GET is asked again with
+// backoff. Any other 409, and one past own, is the upstream's answer: for
+// the client if it still waits, else the refusal ends the tap (the client's
+// stream ends, its next GET asks again).
+func (t *upstreamTap) openStandalone(r *http.Request, out http.ResponseWriter, start func(http.Header) bool,
+	own time.Time, answer func()) attemptResult {
 	sid := r.Header.Get(hdrSessionID)
 	noticed := t.h.rt.closedGETs.closedAt(sid).Add(noticeGrace)
 	defer func() { t.dropConflict = nil }()
-	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
-		if time.Until(noticed) > pause {
+	began, conflicts := time.Now(), 0
+	for pause := 10 * time.Millisecond; ; {
+		lapsed := false
+		switch {
+		case time.Until(noticed) > pause:
 			t.dropConflict = func() bool { return time.Until(noticed) > pause }
-		} else {
+		case time.Until(own) > pause:
+			lapsed = true
+			t.dropConflict = func() bool { return time.Until(own) > pause }
+		default:
 			t.dropConflict = nil
 		}
 		res := t.attempt(t.standaloneRequest(r), out, start, false)
 		if !res.dropped {
+			if conflicts > 0 && !res.tapped {
+				upstreamReconnects.WithLabelValues("own_conflict_exhausted").Inc()
+				t.h.logger.Warn("standalone GET not opened within the bound after a lapsed-lease takeover: the upstream's answer stands",
+					zap.String("session", sid), zap.Int("conflicts", conflicts),
+					zap.Duration("after", time.Since(began)), zap.Int("status", res.status))
+			}
 			return res
 		}
-		t.h.logger.Debug("upstream answered 409 right after the proxy closed the session's previous GET: asked again",
-			zap.String("session", sid))
+		if !lapsed {
+			t.h.logger.Debug("upstream answered 409 right after the proxy closed the session's previous GET: asked again",
+				zap.String("session", sid))
+			pause = min(2*pause, 200*time.Millisecond)
+		} else {
+			if conflicts == 0 {
+				upstreamReconnects.WithLabelValues("own_conflict").Inc()
+				t.h.logger.Info("upstream answered 409 after the standalone stream was taken from a lapsed lease: the previous producer's GET may still be open, asking again",
+					zap.String("session", sid), zap.Duration("for_at_most", time.Until(own)))
+			}
+			conflicts++
+			if answer != nil { // the client gets its stream now; the upstream's answer follows
+				answer()
+				answer, out = nil, discard()
+			}
+			n := conflicts
+			start = func(http.Header) bool {
+				t.h.logger.Info("upstream opened the standalone GET after the previous producer's GET closed",
+					zap.String("session", sid), zap.Int("conflicts", n), zap.Duration("after", time.Since(began)))
+				return true // the client has its stream (answered now, or before the first attempt)
+			}
+			pause = min(2*pause, time.Second)
+		}
 		if !t.sleep(pause) {
 			return res
 		}
 	}
 }
+
+// ownConflictBound bounds how long after taking the standalone stream from
+// a lapsed lease an upstream 409 is taken for the previous producer's GET,
+// still open on a replica frozen past its lease: it closes that GET as soon
+// as it runs again.
+const ownConflictBound = 15 * time.Second
 
 // noticeGrace bounds how long after the proxy closed a session's
 // standalone GET the upstream may still take it for open.

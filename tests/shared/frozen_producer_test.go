@@ -1,0 +1,93 @@
+package shared
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// The sequel of TestFrozenProducerReplicaIsNotA409ForTheClient: the client
+// resumed on B got its 200 while A, frozen past its lease, still held the
+// session's upstream GET open. Once A runs again it finds its lease gone and
+// closes that GET; B, asking again meanwhile, then opens its own, and what
+// the upstream sends next reaches the client on the stream it already has.
+func TestFrozenProducerThawsAndTheStandaloneStreamGoesOn(t *testing.T) {
+	ns := testnet.NATS(t)
+	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}
+	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
+	a := d.start("r1", storeNATS(natsURLs(ns), ""), true)
+	b := d.start("r2", storeNATS(natsURLs(ns), ""), true)
+	d.replicas = []*replica{a, b}
+
+	cl := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := cl.Request("GET", "", nil)
+	cursor := harness.ReadEvents(t, resp, 1)[0].ID // the priming event
+	resp.Body.Close()
+	harness.WaitFor(t, 10*time.Second, "A's upstream GET to be open", func() bool { return up.Open(cl.SessionID) == 1 })
+
+	if err := syscall.Kill(a.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	thaw := func() {
+		if !thawed {
+			thawed = true
+			syscall.Kill(a.Pid(), syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(thaw)
+	time.Sleep(3 * time.Second) // lease_ttl 2s: A's lease lapsed
+
+	onB := *cl.Client
+	onB.URL = "http://" + b.addr() + "/mcp"
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	r, err := onB.Resume(ctx, cursor)
+	if err != nil {
+		t.Fatalf("resume on B: %v", err)
+	}
+	defer r.Body.Close()
+	if r.StatusCode != http.StatusOK {
+		t.Fatalf("resume on B: %d, want 200", r.StatusCode)
+	}
+	time.Sleep(time.Second) // B asks again meanwhile
+	thaw()
+	harness.WaitFor(t, 15*time.Second, "B's upstream GET to open once A closed its own", func() bool {
+		return strings.Contains(b.Logs(), "upstream opened the standalone GET after the previous producer's GET closed")
+	})
+	if n := up.Open(cl.SessionID); n != 1 {
+		t.Fatalf("%d upstream GETs of the session open, want 1 (B's)", n)
+	}
+
+	call, err := onB.Call(ctx, 2, "notify", map[string]any{"n": 1, "interval_ms": 0}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	call.Body.Close()
+	got := false
+	stop := context.AfterFunc(ctx, func() { r.Body.Close() })
+	defer stop()
+	harness.StreamEvents(r.Body, func(ev mcptest.Event) bool {
+		got = strings.Contains(ev.Data, "notifications/message")
+		return !got
+	})
+	if !got {
+		t.Fatalf("the client's stream on B carried no notice after A thawed")
+	}
+	for _, l := range []string{"upstream answered 409 after the standalone stream was taken from a lapsed lease"} {
+		if !strings.Contains(b.Logs(), l) {
+			t.Errorf("B's log lacks %q", l)
+		}
+	}
+	if strings.Contains(b.Logs(), "stopped asking") {
+		t.Errorf("B gave up asking")
+	}
+}
