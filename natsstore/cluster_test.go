@@ -15,6 +15,7 @@ import (
 // shutdown) while a stream is being appended and read: every appended
 // event is read back once and in order.
 func TestClusterLosesLeader(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("-short: this test starts a 3-node JetStream cluster (about 10 s); the full run covers it")
 	}

@@ -36,6 +36,11 @@ func openEmbedded(t testing.TB, lim buffer.Limits, mod ...func(*Options)) *Store
 }
 
 // The JetStream store keeps the contract the memory store keeps.
+//
+// Not parallel with the other tests (its own cases run in parallel): a
+// busier machine widens the window in which a reader's Close has dropped
+// the reader but not yet touched the session, and the sweeper expires the
+// session early (IdleExpiry).
 func TestStoreContract(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Backend { return openEmbedded(t, lim) })
 }
@@ -43,6 +48,8 @@ func TestStoreContract(t *testing.T) {
 // The contract holds on a NATS server with its default options
 // (max_payload 1 MiB), events of several MiB (LargeEvents) included: an
 // event larger than a message is stored in parts.
+//
+// Not parallel with the other tests: see TestStoreContract.
 func TestStoreContractStockServer(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, lim buffer.Limits) buffer.Backend {
 		ns := testnet.StockNATS(t)

@@ -20,6 +20,7 @@ import (
 // same directory) keeps sessions, tombstones, retained events and the
 // zone secret.
 func TestRestartKeepsTheZone(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	st := openEmbedded(t, testLimits(), func(o *Options) { o.Dir = dir })
 	key := append([]byte(nil), st.Key()...)
@@ -84,6 +85,7 @@ func TestRestartKeepsTheZone(t *testing.T) {
 // failure signals and the end marker, and a reader on B ends with
 // FailedError(upstream_failed) after them.
 func TestDeadProducerFailedBySweeper(t *testing.T) {
+	t.Parallel()
 	a, b := replicas(t, func(o *Options) { o.LeaseTTL = time.Second })
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1", `"two"`}, [32]byte{1})
@@ -142,6 +144,7 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 // replica may produce), its consumers, its readers' entries; and the
 // live request streams it produced fail loudly, where any replica sees.
 func TestCloseReleases(t *testing.T) {
+	t.Parallel()
 	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	g := sa.Standalone()

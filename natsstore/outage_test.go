@@ -23,6 +23,7 @@ import (
 // the stream, and a repeat of the request must get an end, not wait on a
 // stream no one produces. (The leases mirror kept the lease for good.)
 func TestALeaseThatLapsedDuringAnOutageIsSeenGone(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	st := openAt(t, []string{"nats://" + link.addr()}, func(o *Options) { o.LeaseTTL = 2 * time.Second })
@@ -81,6 +82,8 @@ func TestALeaseThatLapsedDuringAnOutageIsSeenGone(t *testing.T) {
 // off from NATS. Once the lease's last renewal A saw is a TTL old, the
 // reader's check for a producer asks KV, and must do so within the Read's
 // context, once per TTL, not for the KV timeout (2 s) on every Read.
+//
+// Not parallel: it times the store against the lease TTL.
 func TestAReadIsNotHeldByALeaseCheckWhileCut(t *testing.T) {
 	ns := testnet.NATS(t)
 	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
@@ -129,6 +132,7 @@ func TestAReadIsNotHeldByALeaseCheckWhileCut(t *testing.T) {
 // publish conflicts with B's end, and the producer completes and lets go:
 // the lease must go too, not be renewed for a stream nobody produces.
 func TestALeaseTakenAgainGoesWithItsStream(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	mod := func(o *Options) { o.LeaseTTL = 2 * time.Second }
@@ -235,6 +239,8 @@ func (c *cutter) mend() {
 // its lease, so it stops its producer (its upstream GET closes) at 2/3 of
 // the lease TTL, before the lease can lapse; B takes the stream over only
 // after that, and only once the lease lapsed.
+//
+// Not parallel: it times the store against the lease TTL.
 func TestAStandaloneProducerCutOffStopsBeforeItsLeaseLapses(t *testing.T) {
 	ns := testnet.NATS(t)
 	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))

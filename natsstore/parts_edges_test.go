@@ -254,6 +254,7 @@ func TestAReaderOnAnotherReplicaWaitsForTheLastPart(t *testing.T) {
 // take new sessions again, the session of before the second loss is a
 // tombstone on both, and each loss is told once per replica.
 func TestNATSBackWithoutItsDataTwice(t *testing.T) {
+	t.Parallel()
 	srv, err := testnet.StartNATS(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)

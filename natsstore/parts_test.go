@@ -30,6 +30,7 @@ func part(subject string, seq uint64, i, n int, total int, data string) *nats.Ms
 // stored again whole (a writer failed between its parts, the next one
 // stored the seq again) is read as stored again.
 func TestEventPartsAreNeverHandedOutAlone(t *testing.T) {
+	t.Parallel()
 	st := openAt(t, []string{testnet.StockNATS(t).ClientURL()})
 	ctx := context.Background()
 	publish := func(msgs ...*nats.Msg) {

@@ -134,6 +134,7 @@ func checkRun(t testing.TB, seqs []uint64, from, to uint64) {
 // A stream appended on A is resumed on B: exactly the rest, then live as
 // A appends, then its end.
 func TestResumeOnAnotherReplica(t *testing.T) {
+	t.Parallel()
 	a, b := replicas(t)
 	if !bytes.Equal(a.Key(), b.Key()) {
 		t.Fatal("replicas have different zone secrets")
@@ -183,6 +184,7 @@ func TestResumeOnAnotherReplica(t *testing.T) {
 
 // A client that moves to B takes the stream over from its connection on A.
 func TestTakeoverAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
@@ -226,6 +228,9 @@ func TestTakeoverAcrossReplicas(t *testing.T) {
 }
 
 // Deleting on A ends the session on B: its context, its readers.
+//
+// Not parallel: under load B's handle was seen still live (head 0) once
+// B's session context and reader had ended.
 func TestDeleteAcrossReplicas(t *testing.T) {
 	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
@@ -276,6 +281,7 @@ func TestDeleteAcrossReplicas(t *testing.T) {
 // session ended, never a refusal of the cursor (a client re-initializes on
 // neither, but a 400 tells it nothing of its lost call).
 func TestResumeDuringADeletionElsewhere(t *testing.T) {
+	t.Parallel()
 	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
@@ -310,6 +316,7 @@ func TestResumeDuringADeletionElsewhere(t *testing.T) {
 // successive upstream GETs on whichever replica: each producer goes on
 // from what the last one stored.
 func TestStandaloneProducerMoves(t *testing.T) {
+	t.Parallel()
 	a, b := replicas(t)
 	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
 	sb := sessionOn(t, b, "sess")
@@ -340,6 +347,9 @@ func TestStandaloneProducerMoves(t *testing.T) {
 // waits while its client reads on B at full speed (not a stall, though the
 // window is longer than the stall timeout), and goes on as the window
 // releases what B delivered; a resume on B acknowledging frees it at once.
+//
+// Not parallel: B's deliveries must reach A within the stall timeout
+// (200ms).
 func TestBackpressureAcrossReplicas(t *testing.T) {
 	lim := testLimits()
 	lim.MaxStreamBytes = 4 << 10

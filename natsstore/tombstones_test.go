@@ -13,6 +13,7 @@ import (
 // Tombstones are kept for their TTL, at most MaxTombstones at a time:
 // forgetting one early is counted and told.
 func TestTombstonesBoundedAndExpire(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var dropped []string
 	st := openEmbedded(t, testLimits(), func(o *Options) {

@@ -28,6 +28,7 @@ func waitStored(str buffer.Stream) uint64 {
 // batch's cursor (it is later still); a crash before that loses only the
 // note, never the cursor of what is stored.
 func TestUpstreamCursorSurvivesACrash(t *testing.T) {
+	t.Parallel()
 	a, b := replicas(t, func(o *Options) { o.LeaseTTL = time.Second })
 	sa, err := a.CreateSession("s1", buffer.SessionMeta{Version: "2025-11-25"})
 	if err != nil {
@@ -62,6 +63,7 @@ func TestUpstreamCursorSurvivesACrash(t *testing.T) {
 // A producer that lets go leaves the cursor of what it stored to the next
 // producer on another replica, and back: entries and notes alike.
 func TestUpstreamCursorOnEveryReplica(t *testing.T) {
+	t.Parallel()
 	a, b := replicas(t)
 	sa, err := a.CreateSession("s1", buffer.SessionMeta{Version: "2025-11-25"})
 	if err != nil {

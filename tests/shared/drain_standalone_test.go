@@ -16,6 +16,7 @@ import (
 // from is the last event the store took, not the last one the tap read
 // (found by review: notice 52 of 120 went missing, silently).
 func TestDrainKeepsTheStandaloneEventBeingAppended(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	store := storeNATS(natsURLs(ns), "") + "\nmax_stream_bytes 8KiB\nmax_event_bytes 2KiB"
 	d := deploy(t, 2, store, demoserver.Options{EventStore: true})

@@ -32,6 +32,9 @@ func listening(t *testing.T) map[int]bool {
 // secret that keys credential fingerprints and epochs, and has no users:
 // Caddy talks to it in-process, and it listens on no port another local
 // process (another user, a sidecar, the MCP server itself) could reach.
+//
+// Not parallel: it scans the ports listening on this machine, and the
+// other tests' servers would be among them.
 func TestEmbeddedNATSListensOnNoPort(t *testing.T) {
 	before := listening(t)
 	d := deploy(t, 1, "store nats {\n embedded\n}", demoserver.Options{})

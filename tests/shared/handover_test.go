@@ -21,6 +21,7 @@ import (
 // order. (The cut-off replica once read on: the other one's GETs got 409,
 // swallowed and asked again, and the client lost the stream.)
 func TestStandaloneProducerCutOffFromNATSClosesItsGETFirst(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
 	toNATS, err := mcptest.NewRelay(real) // replica A's way to NATS

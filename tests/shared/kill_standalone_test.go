@@ -16,6 +16,7 @@ import (
 // next replica asked the upstream from the start, and 30 notices came
 // twice).
 func TestKillOfTheStandaloneProducerRepeatsNothing(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]

@@ -8,8 +8,11 @@
 package shared
 
 import (
+	"flag"
 	"fmt"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
@@ -31,7 +34,21 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 		os.Exit(1)
 	}
+	waitersInParallel(8)
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// waitersInParallel lets n parallel tests run at once unless -parallel
+// says otherwise. go test's default is GOMAXPROCS (2 on a 2-core machine),
+// but these tests mostly wait (lease TTLs, restarts, kills, timeouts), each
+// on its own processes and ports: more of them than cores can wait at once.
+func waitersInParallel(n int) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < n {
+		flag.Set("test.parallel", strconv.Itoa(n))
+	}
 }

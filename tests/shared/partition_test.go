@@ -18,6 +18,7 @@ import (
 // then the upstream read waits (backpressure); when NATS is back the call
 // ends with its result and every progress notification once.
 func TestPartitionLongerThanLeaseTTL(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
 	relay, err := mcptest.NewRelay(real)

@@ -23,6 +23,7 @@ import (
 // probe writes to each, so the store is unavailable: store_up shows 0 and
 // a new call gets 503 before it reaches the upstream.
 func TestQuorumLossOfOneStreamIsUnavailable(t *testing.T) {
+	t.Parallel()
 	servers := testnet.NATSCluster(t, 5)
 	d := deploy(t, 1, storeNATS(natsURLs(servers...), "replicas 3"), demoserver.Options{})
 	a := d.replicas[0]

@@ -74,6 +74,7 @@ func sameEvents(t *testing.T, what string, got, want []mcptest.Event) {
 // is vouched for by the upstream and served, never refused; bob's valid
 // token on her session gets the upstream's 403 on B and not one event.
 func TestRebindHoldsOnEveryReplica(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	iss := mcptest.NewJWTIssuer("https://as.example.test")
 	mux := http.NewServeMux()

@@ -55,6 +55,7 @@ func reloadTo(t *testing.T, r *replica, upstream, store string) {
 // drain_timeout), so the old zone's call, whose client was cut, ends whole
 // and its client gets the result after the restart.
 func TestExitWaitsForTheDrainOfAReload(t *testing.T) {
+	t.Parallel()
 	storeA := "store nats {\n embedded\n drain_timeout 20s\n}"
 	storeB := "store nats {\n embedded\n drain_timeout 20s\n lease_ttl 30s\n}"
 	r, up := startOne(t, storeA)
@@ -98,6 +99,7 @@ func TestExitWaitsForTheDrainOfAReload(t *testing.T) {
 // out (lease_ttl 15s, replicas 1, prefix mcpr_default), keeps the zone: a
 // call longer than drain_timeout goes on, and nothing drains.
 func TestReloadSpellingOutNATSDefaultsKeepsTheZone(t *testing.T) {
+	t.Parallel()
 	storeA := "store nats {\n embedded\n drain_timeout 3s\n}"
 	storeB := "store nats {\n embedded\n drain_timeout 3s\n lease_ttl 15s\n replicas 1\n prefix mcpr_default\n}"
 	r, up := startOne(t, storeA)

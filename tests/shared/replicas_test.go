@@ -13,6 +13,7 @@ import (
 // of its stream (from the shared store), then live events as A's tap keeps
 // appending, and the result: every progress notification once, in order.
 func TestResumeOnAnotherReplica(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{})
 	a, b := d.replicas[0], d.replicas[1]

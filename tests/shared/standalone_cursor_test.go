@@ -16,6 +16,7 @@ import (
 // asks the upstream for the rest, and the client gets every notice once,
 // in order.
 func TestStandaloneCursorIsTheLastStoredEvent(t *testing.T) {
+	t.Parallel()
 	// A nats-server process whose user loses, on a reload, the right to
 	// publish to the events stream. (An in-process server reloaded while
 	// it answers requests trips the race detector inside nats-server.)

@@ -160,6 +160,7 @@ func readmeStoreBlock(port int) string {
 // replicas connect, and a tool result of 4 MiB, one event four times a NATS
 // message, is stored by one replica and resumed, whole, on the other.
 func TestStockNATSServerAndLargeEvent(t *testing.T) {
+	t.Parallel()
 	ns := startNATSProcess(t)
 	d := deploy(t, 2, readmeStoreBlock(ns.port), demoserver.Options{})
 	a, b := d.replicas[0], d.replicas[1]
@@ -262,6 +263,7 @@ func (n *natsProcess) restartEmpty() {
 // resume, on the other replica, gets the gap and a JSON-RPC error for the
 // call: never a 400 or a response held in silence.
 func TestNATSBackWithoutItsData(t *testing.T) {
+	t.Parallel()
 	ns := startNATSProcess(t)
 	d := deploy(t, 2, storeNATS([]string{ns.url()}, ""), demoserver.Options{})
 	a, b := d.replicas[0], d.replicas[1]

@@ -33,6 +33,7 @@ func (d *deployment) restart(r *replica) {
 // one finds it there, and the client's resume gets every progress
 // notification once and the result.
 func TestRestartOfTheOnlyReplica(t *testing.T) {
+	t.Parallel()
 	d := deploy(t, 1, "store nats {\n embedded\n drain_timeout 15s\n}", demoserver.Options{})
 	a := d.replicas[0]
 	c := d.client("2025-11-25")
@@ -63,6 +64,7 @@ func TestRestartOfTheOnlyReplica(t *testing.T) {
 // picks, reading what the other one is still appending. No call loses its
 // result or a notification.
 func TestRollingRestartLosesNoResult(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{})
 	a, b := d.replicas[0], d.replicas[1]
@@ -124,6 +126,7 @@ func TestRollingRestartLosesNoResult(t *testing.T) {
 // the call ends with the documented explicit failure (a gap and a JSON-RPC
 // error for the request), never silence.
 func TestKillOfTheProducingReplica(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{})
 	a, b := d.replicas[0], d.replicas[1]
@@ -158,6 +161,7 @@ func TestKillOfTheProducingReplica(t *testing.T) {
 // A 3-node JetStream cluster (replicas 3) loses a node mid-stream, and the
 // client is moved to another Caddy replica meanwhile: nothing is lost.
 func TestClusterLosesANode(t *testing.T) {
+	t.Parallel()
 	servers := testnet.NATSCluster(t, 3)
 	d := deploy(t, 2, storeNATS(natsURLs(servers...), "replicas 3"), demoserver.Options{})
 	c := d.client("2025-11-25")

@@ -37,6 +37,7 @@ func assert503(t *testing.T, resp *http.Response, why string) {
 // A replica that starts while NATS is down starts anyway (Caddy serves its
 // other sites) and answers 503 until it connects.
 func TestNATSUnreachable(t *testing.T) {
+	t.Parallel()
 	dir, port := t.TempDir(), harness.FreePort(t)
 	ns, err := testnet.StartNATS(dir, port)
 	if err != nil {
@@ -99,6 +100,7 @@ func TestNATSUnreachable(t *testing.T) {
 // (none passes through untapped), and store_up shows 0 until the quorum is
 // back, when the session goes on.
 func TestQuorumLossIsUnavailable(t *testing.T) {
+	t.Parallel()
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	servers, err := testnet.StartNATSCluster(dirs...)
 	if err != nil {
