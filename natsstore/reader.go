@@ -46,6 +46,9 @@ type reader struct {
 	asm     []byte  // the event being put together from its parts
 	asmInfo msgInfo // its first part
 	asmNext int     // the part it needs next (0: none under way)
+	// goneTold: Read said ErrProducerGone of a request stream since its
+	// last idle wait.
+	goneTold bool
 
 	mu        sync.Mutex
 	next      uint64
@@ -133,7 +136,18 @@ func (r *reader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time
 		if r.s.kind == policy.StandaloneStream && r.producerGone(ctx) {
 			return buffer.Batch{}, buffer.ErrProducerGone
 		}
+		if r.s.kind == policy.RequestStream && !r.goneTold && r.producerGone(ctx) {
+			// Its producer died: told once (and again after each idle
+			// wait), so the reader's replica may take the upstream read
+			// over; then this reader reads what the new producer stores,
+			// or the sweeper's end.
+			r.goneTold = true
+			return buffer.Batch{}, buffer.ErrProducerGone
+		}
 		if err := r.wait(ctx, idle, changed); err != nil {
+			if errors.Is(err, buffer.ErrIdle) {
+				r.goneTold = false
+			}
 			return buffer.Batch{}, err
 		}
 	}
@@ -356,8 +370,8 @@ func (r *reader) lost(from, n uint64) error {
 	return buffer.ErrBelowFloor
 }
 
-// producerGone reports, for the standalone stream, that no producer holds
-// it and the reader has read everything stored.
+// producerGone reports that no producer holds the stream and the reader
+// has read everything stored.
 func (r *reader) producerGone(ctx context.Context) bool {
 	if r.st.leased(ctx, r.s.key) {
 		return false
