@@ -110,7 +110,6 @@ type tsReport struct {
 // Last-Event-ID) through the load balancer, now sending to B, and B takes
 // the upstream read over: every progress notification once, and the result.
 func TestTakeoverWithTheTypeScriptSDK(t *testing.T) {
-	t.Skip("issue 22: the takeover is not implemented yet")
 	tsReady(t)
 	ns := testnet.NATS(t)
 	d := &deployment{t: t, upstream: startTSServer(t)}
