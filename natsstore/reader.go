@@ -47,8 +47,9 @@ type reader struct {
 	asmInfo msgInfo // its first part
 	asmNext int     // the part it needs next (0: none under way)
 	// goneTold: Read said ErrProducerGone of a request stream since its
-	// last idle wait.
+	// last idle wait, at the stream's lease generation goneGen.
 	goneTold bool
+	goneGen  uint64
 
 	mu        sync.Mutex
 	next      uint64
@@ -136,12 +137,13 @@ func (r *reader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time
 		if r.s.kind == policy.StandaloneStream && r.producerGone(ctx) {
 			return buffer.Batch{}, buffer.ErrProducerGone
 		}
-		if r.s.kind == policy.RequestStream && !r.goneTold && r.producerGone(ctx) {
+		if r.s.kind == policy.RequestStream && (!r.goneTold || r.goneGen != r.s.leaseGen.Load()) && r.producerGone(ctx) {
 			// Its producer died: told once (and again after each idle
-			// wait), so the reader's replica may take the upstream read
-			// over; then this reader reads what the new producer stores,
-			// or the sweeper's end.
-			r.goneTold = true
+			// wait or change of the lease: a producer here that let it go
+			// a moment later), so the reader's replica may take the
+			// upstream read over; then this reader reads what the new
+			// producer stores, or the sweeper's end.
+			r.goneTold, r.goneGen = true, r.s.leaseGen.Load()
 			return buffer.Batch{}, buffer.ErrProducerGone
 		}
 		if err := r.wait(ctx, idle, changed); err != nil {

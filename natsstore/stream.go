@@ -27,9 +27,11 @@ type stream struct {
 	// ended here: readers and blocked appends look again.
 	changed   signal
 	producing atomic.Bool // an upstream response here feeds it (TakeProducer)
-	fenced    atomic.Bool // its producer here stopped itself, its lease unrenewed (fenceRequest)
 	stalled   atomic.Bool
 	stalls    atomic.Uint64 // times this replica's producer began waiting on a full log
+
+	fenced   atomic.Bool   // its producer here stopped itself, its lease unrenewed (fenceRequest)
+	leaseGen atomic.Uint64 // counts the changes of its lease this replica's mirror saw
 
 	mu      sync.Mutex
 	w       *writer
