@@ -35,8 +35,8 @@ func series(t *testing.T, r *replica, s string) float64 {
 }
 
 // takenOver checks that r took a stream over: its log line (session,
-// stream, this replica and the one before) and its count.
-func takenOver(t *testing.T, r *replica) {
+// stream, this replica and the one before: itself if self) and its count.
+func takenOver(t *testing.T, r *replica, self bool) {
 	t.Helper()
 	var line string
 	for _, l := range strings.Split(r.Logs(), "\n") {
@@ -57,8 +57,9 @@ func takenOver(t *testing.T, r *replica) {
 			t.Errorf("takeover log line lacks %s: %s", k, line)
 		}
 	}
-	if f["replica"] == f["previous_replica"] {
-		t.Errorf("takeover log line names the same replica twice: %s", line)
+	if self != (f["replica"] == f["previous_replica"]) {
+		t.Errorf("takeover log line: replica and previous_replica (the same: %v, want %v): %s",
+			f["replica"] == f["previous_replica"], self, line)
 	}
 	if v := series(t, r, `caddy_mcp_resume_takeovers_total{outcome="resumed"}`); v < 1 {
 		t.Errorf("replica %s: takeovers_total{outcome=resumed} = %v", r.name, v)
@@ -144,7 +145,7 @@ func TestTakeoverAfterTheProducerIsKilled(t *testing.T) {
 	<-killed
 	t.Logf("the call took %v, its producer killed after 5 of %d progress notifications", time.Since(start), n)
 	assertOnceInOrder(t, c, n)
-	takenOver(t, b)
+	takenOver(t, b, false)
 	noEarlyEviction(t, b)
 }
 
@@ -187,7 +188,7 @@ func TestTakeoverWhenTheClientComesBack(t *testing.T) {
 	if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
 		t.Fatal(err)
 	}
-	takenOver(t, b)
+	takenOver(t, b, false)
 	noEarlyEviction(t, b)
 }
 
@@ -243,7 +244,7 @@ func TestTakeoverCarriesTheResumingClientsToken(t *testing.T) {
 	if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
 		t.Fatal(err)
 	}
-	takenOver(t, b)
+	takenOver(t, b, false)
 }
 
 // No client comes back within takeover_wait: the call ends with the
@@ -419,7 +420,7 @@ func TestTakeoverAcrossAPartitionOfTheProducer(t *testing.T) {
 		t.Fatalf("result %q", got)
 	}
 	assertOnceInOrder(t, c, n)
-	takenOver(t, b)
+	takenOver(t, b, false)
 	if strings.Contains(a.Logs(), `"request stream taken over"`) {
 		t.Error("A took the stream back after the partition: two producers")
 	}
@@ -452,4 +453,47 @@ func requestStreams(ss []buffer.SessionInfo) []buffer.StreamInfo {
 		}
 	}
 	return out
+}
+
+// The only replica is cut off from NATS for three lease_ttl periods while
+// a call runs and its client stays connected, with an upstream that keeps
+// its events: its producer stops itself before its lease can lapse (so
+// another replica could take over), none does, and when NATS is back the
+// replica takes the call over itself, for the client still connected:
+// every progress notification once, and the result.
+func TestTakeoverByTheSameReplicaAfterAPartition(t *testing.T) {
+	ns := testnet.NATS(t)
+	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
+	relay, err := mcptest.NewRelay(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	d := deploy(t, 1, storeNATS([]string{"nats://" + relay.Addr()}, ""), demoserver.Options{EventStore: true})
+	a := d.replicas[0]
+	c := d.client("2025-11-25")
+	const n = 40
+	done := c.After(4, func() int {
+		relay.SetTarget("127.0.0.1:1")
+		cut := relay.Cut(true)
+		a.waitStoreUp(t, 0)
+		time.Sleep(6 * time.Second) // 3 x lease_ttl (2s)
+		relay.SetTarget(real)
+		return cut
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	res, err := c.Session.CallTool(ctx, mcptest.CountParams(n, 200))
+	if cut := <-done; cut == 0 {
+		t.Fatal("the relay cut no NATS connection")
+	}
+	if err != nil {
+		t.Fatalf("call across the partition: %v", err)
+	}
+	if got := mcptest.ResultText(res); got != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("result %q", got)
+	}
+	assertOnceInOrder(t, c, n)
+	takenOver(t, a, true)
+	noEarlyEviction(t, a)
 }

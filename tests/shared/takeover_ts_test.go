@@ -163,6 +163,6 @@ func TestTakeoverWithTheTypeScriptSDK(t *testing.T) {
 	if !resumed {
 		t.Errorf("the client never resumed its call: %+v", r.Requests)
 	}
-	takenOver(t, b)
+	takenOver(t, b, false)
 	noEarlyEviction(t, b)
 }
