@@ -36,7 +36,8 @@ func series(t *testing.T, r *replica, s string) float64 {
 
 // takenOver checks that r took a stream over: its log line (session,
 // stream, this replica and the one before: itself if self) and its count.
-func takenOver(t *testing.T, r *replica, self bool) {
+// It returns when r logged it.
+func takenOver(t *testing.T, r *replica, self bool) time.Time {
 	t.Helper()
 	var line string
 	for _, l := range strings.Split(r.Logs(), "\n") {
@@ -64,6 +65,8 @@ func takenOver(t *testing.T, r *replica, self bool) {
 	if v := series(t, r, `caddy_mcp_resume_takeovers_total{outcome="resumed"}`); v < 1 {
 		t.Errorf("replica %s: takeovers_total{outcome=resumed} = %v", r.name, v)
 	}
+	ts, _ := f["ts"].(float64)
+	return time.Unix(0, int64(ts*1e9))
 }
 
 // noEarlyEviction checks the counter that must stay 0 on every live replica.
@@ -134,7 +137,9 @@ func TestTakeoverAfterTheProducerIsKilled(t *testing.T) {
 	a, b := d.replicas[0], d.replicas[1]
 	c := d.client("2025-11-25")
 	const n = 30
+	var killedAt time.Time
 	killed := c.After(5, func() int {
+		killedAt = time.Now()
 		a.Kill()
 		return d.moveTo(b)
 	})
@@ -143,9 +148,11 @@ func TestTakeoverAfterTheProducerIsKilled(t *testing.T) {
 		t.Fatalf("result %q", got)
 	}
 	<-killed
-	t.Logf("the call took %v, its producer killed after 5 of %d progress notifications", time.Since(start), n)
+	took := time.Since(start)
 	assertOnceInOrder(t, c, n)
-	takenOver(t, b, false)
+	at := takenOver(t, b, false)
+	t.Logf("the call took %v (%d x 200 ms), its producer killed after 5 progress notifications; B took it over %v after the kill (lease_ttl 2s)",
+		took, n, at.Sub(killedAt).Round(time.Millisecond))
 	noEarlyEviction(t, b)
 }
 
