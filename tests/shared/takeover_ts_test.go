@@ -16,6 +16,7 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
 // The official TypeScript SDK on both ends, from tests/ts: server.mjs
@@ -103,14 +104,53 @@ type tsReport struct {
 		Status      int    `json:"status"`
 	} `json:"requests"`
 	TransportErrors []string `json:"transportErrors"`
+	line            string   // the line it printed
 }
 
 // The TypeScript SDK client calls the TypeScript SDK server's count tool
-// through replica A; A is SIGKILLed mid call. The client resumes (GET with
-// Last-Event-ID) through the load balancer, now sending to B, and B takes
-// the upstream read over: every progress notification once, and the result.
+// through replica A; A is SIGKILLed mid call, with the client connected to
+// it, or after the load balancer cut the client's connections and it
+// resumed (GET with Last-Event-ID) on B while A still read the call.
+// Either way B takes the upstream read over: every progress notification
+// once, and the result.
 func TestTakeoverWithTheTypeScriptSDK(t *testing.T) {
 	tsReady(t)
+	for _, tc := range []struct {
+		name string
+		// kill moves the load balancer to B and kills A, at a moment of the call.
+		kill func(t *testing.T, lb *mcptest.Relay, a, b *replica)
+	}{
+		{"connected to the killed replica", func(t *testing.T, lb *mcptest.Relay, a, b *replica) {
+			waitProduced(t, a, 6)  // priming and five progress notifications
+			lb.SetTarget(b.addr()) // the client's reconnect goes to B
+			a.Kill()
+		}},
+		{"cut before the kill", func(t *testing.T, lb *mcptest.Relay, a, b *replica) {
+			waitProduced(t, a, 6)
+			lb.SetTarget(b.addr())
+			if lb.Cut(false) == 0 { // every connection of the client: it resumes on B
+				t.Error("the load balancer cut no connection")
+			}
+			harness.WaitFor(t, 20*time.Second, "the client to read the call on B", func() bool {
+				ss, err := mcptest.Sessions(b.admin())
+				if err != nil {
+					return false
+				}
+				for _, st := range requestStreams(ss) {
+					if st.Connected {
+						return true
+					}
+				}
+				return false
+			})
+			a.Kill()
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testTakeoverWithTheTypeScriptSDK(t, tc.kill) })
+	}
+}
+
+func testTakeoverWithTheTypeScriptSDK(t *testing.T, kill func(t *testing.T, lb *mcptest.Relay, a, b *replica)) {
 	ns := testnet.NATS(t)
 	d := &deployment{t: t, upstream: startTSServer(t)}
 	store := storeNATS(natsURLs(ns), "")
@@ -140,13 +180,12 @@ func TestTakeoverWithTheTypeScriptSDK(t *testing.T) {
 		if jerr := json.Unmarshal([]byte(line), &r); err != nil || jerr != nil {
 			r.Error = fmt.Sprintf("client.mjs: %v %v\nstdout: %s\nstderr: %s", err, jerr, stdout.String(), stderr.String())
 		}
-		t.Logf("client.mjs: %s", line)
+		r.line = line
 		done <- r
 	}()
-	waitProduced(t, a, 6)  // priming and five progress notifications
-	lb.SetTarget(b.addr()) // the client's reconnect goes to B
-	a.Kill()
+	kill(t, lb, a, b)
 	r := <-done
+	t.Logf("client.mjs: %s", r.line)
 	if r.Error != "" {
 		t.Fatalf("the call failed: %s (transport errors %q)", r.Error, r.TransportErrors)
 	}
