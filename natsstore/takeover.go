@@ -159,13 +159,18 @@ func takeoverMarker(subject string, head uint64, off int64, replica, upstream st
 
 // takenOver reports whether another replica took the stream over from this
 // one (its record, read from KV, names another producer): a publish of
-// this replica's that another's stored after is then no loss.
+// this replica's that another's stored after is then no loss. It asks
+// again while KV does not answer (this replica may just be back from a
+// partition), and at worst falls back on the mirror.
 func (s *stream) takenOver() bool {
 	st := s.sess.st
-	ctx, cancel := st.opCtx()
-	defer cancel()
-	if _, _, err := st.streams.fetch(ctx, s.key); err != nil {
-		return false
+	for round := 0; round < 3; round++ {
+		ctx, cancel := st.opCtx()
+		_, _, err := st.streams.fetch(ctx, s.key)
+		cancel()
+		if err == nil || errors.Is(err, errNotFound) || !sleepCtx(st.ctx, backoff(round)) {
+			break
+		}
 	}
 	rec, ok := s.record()
 	return ok && rec.Kind == policy.RequestStream && rec.Producer != "" && rec.Producer != st.opts.ReplicaID
