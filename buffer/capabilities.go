@@ -54,4 +54,25 @@ func Available(st Store) error {
 	return nil
 }
 
+// Takeover is a request Stream of a shared store, whose producer (the
+// replica reading its upstream response) can die while the stream lives:
+// another replica can then take the upstream read over from the stream's
+// upstream cursor. Its contract needs two replicas of one store, which
+// storetest's kit does not make: natsstore's takeover_test.go runs it.
+type Takeover interface {
+	// TakeOver hands this replica the producer role of the live stream,
+	// whose producer is gone (its lease lapsed), as TakeProducer does
+	// within a replica: exactly one replica succeeds, the others get an
+	// error (ErrProducing) and relay what it stores. Nothing the producer
+	// before stored late can come after what the new one stores. The
+	// caller reads the upstream from UpstreamCursor on, and calls the
+	// Producer's Done once its upstream response is closed.
+	TakeOver(ctx context.Context) (Producer, Succession, error)
+}
+
+// Succession names the producers of a stream taken over, for operators.
+type Succession struct {
+	Previous, Current string // replica IDs
+}
+
 var _ BatchAppender = (*memStream)(nil)

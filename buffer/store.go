@@ -44,7 +44,11 @@ var (
 	ErrBelowFloor      = errors.New("reader position is below the retained floor")
 	// ErrProducerGone ends a reader of the standalone stream that has caught
 	// up while no upstream response feeds the stream: its client should
-	// reconnect, which starts a new upstream GET.
+	// reconnect, which starts a new upstream GET. A reader of a request
+	// stream of a shared store is told it too, once (and again after each
+	// idle wait), when it has caught up and the stream's producer replica
+	// is gone: its replica may take the upstream read over (Takeover); the
+	// reader goes on, to what the next producer stores or the stream's end.
 	ErrProducerGone = errors.New("no upstream response feeds the stream")
 	// ErrIdle is returned by Read when nothing arrived within its idle time.
 	ErrIdle = errors.New("no event within the idle time")

@@ -64,6 +64,16 @@ func (st *Store) fence(key string, stop func()) {
 	}
 }
 
+// onLost makes the held lease of key call lost when another replica holds
+// it (a request stream's producer, whose lease NewStream took).
+func (st *Store) onLost(key string, lost func()) {
+	st.held.mu.Lock()
+	defer st.held.mu.Unlock()
+	if h := st.held.m[key]; h != nil {
+		h.lost = lost
+	}
+}
+
 // leased reports whether any replica holds the lease of key, confirmed in
 // KV when the mirror has not seen it renewed for a TTL (renewals come every
 // third of one): a lease that expired while this replica was cut off from

@@ -114,6 +114,11 @@ func TestDeadProducerFailedBySweeper(t *testing.T) {
 		for _, d := range batch.Data {
 			signals = append(signals, d...)
 		}
+		if errors.Is(err, buffer.ErrProducerGone) {
+			// Told if it looked before the sweeper's signals came: its
+			// replica may take over (this stream has no upstream cursor).
+			continue
+		}
 		if err != nil {
 			break
 		}

@@ -19,7 +19,8 @@ import (
 // headers say which events it holds and where they start in the stream's
 // byte count, so a reader, an evicting replica or a new producer can place
 // it without reading what came before. An end marker is an empty message
-// that ends the stream. An event larger than one message (the servers'
+// that ends the stream; a takeover marker, an empty message that ends
+// nothing. An event larger than one message (the servers'
 // max_payload less headerRoom) is stored as several consecutive messages,
 // its parts: each carries the event's seq and offset, "Mcpr-Part: i/n" and
 // the event's framed length; only the last one carries what the event
@@ -37,6 +38,10 @@ const (
 	hdrUpstream = "Mcpr-Upstream"
 	hdrPart     = "Mcpr-Part" // on a part of an event: "<i>/<n>", i from 1
 	hdrSize     = "Mcpr-Size" // on a part of an event: the event's framed length
+	// hdrTakeover marks the fence a producer that takes a request stream
+	// over stores first (takeover.go): an empty message, like an end
+	// marker that ends nothing; its value names the new producer.
+	hdrTakeover = "Mcpr-Takeover"
 )
 
 // msgInfo is what a message's headers say.

@@ -64,6 +64,7 @@ type Store struct {
 
 	held      heldLeases
 	sweeper   sweeperLease
+	orphans   map[string]time.Time // the sweeper's: when it first found each orphan with an upstream cursor
 	admitting admissions
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs
 	kvStreams sync.Map              // bucket -> the stream under it (tidy purges markers there)

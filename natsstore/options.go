@@ -94,6 +94,12 @@ type Options struct {
 	// replica: after it, another replica ends the dead producer's stream.
 	// Default 15s; at least 1s.
 	LeaseTTL time.Duration
+	// TakeoverWait is how long a request stream whose producer died and
+	// which recorded an upstream cursor waits, after its lease lapsed, for
+	// a client to come back and take the upstream read over (DESIGN.md,
+	// "Takeover") before the sweeper fails it. Default 1m. A stream without
+	// an upstream cursor is failed at LeaseTTL.
+	TakeoverWait time.Duration
 	// BatchBytes bounds a message of consecutive events. Default 256 KiB,
 	// at most the server's max_payload less room for headers.
 	BatchBytes int
@@ -124,6 +130,7 @@ const (
 	defaultSweepInterval = 500 * time.Millisecond
 	defaultTombstoneTTL  = time.Hour
 	DefaultLeaseTTL      = 15 * time.Second
+	DefaultTakeoverWait  = time.Minute
 	defaultBatchBytes    = 256 << 10
 	embeddedMaxPayload   = 64 << 20
 	headerRoom           = 64 << 10 // what a batch's headers may take of a message
@@ -156,6 +163,9 @@ func (o *Options) setDefaults() error {
 		o.LeaseTTL = DefaultLeaseTTL
 	}
 	o.LeaseTTL = max(o.LeaseTTL, time.Second) // per-key TTLs are whole seconds
+	if o.TakeoverWait <= 0 {
+		o.TakeoverWait = DefaultTakeoverWait
+	}
 	if o.BatchBytes <= 0 {
 		o.BatchBytes = defaultBatchBytes
 	}

@@ -197,6 +197,9 @@ func TestAProducerDeadMidEventIsFailedAfterItsLastWholeEvent(t *testing.T) {
 		for _, d := range batch.Data {
 			rest = append(rest, d...)
 		}
+		if errors.Is(err, buffer.ErrProducerGone) {
+			continue // told once: no upstream cursor here, so the sweeper ends it
+		}
 		if err != nil {
 			var fe *buffer.FailedError
 			if !errors.As(err, &fe) || fe.Reason != policy.ReasonUpstreamFailed {

@@ -133,11 +133,15 @@ func (s *stream) TakeProducer(ctx context.Context) (buffer.Producer, error) {
 	if s.kind == policy.StandaloneStream {
 		key = s.sess.sh
 	} else if !st.holds(s.key) {
-		return nil, buffer.ErrProducing // a request stream's producer is the replica that opened it
+		return nil, buffer.ErrProducing // a request stream's producer is the replica that opened it (or took it over: TakeOver)
 	}
 	p, err := st.local.take(ctx, s.sess.ctx, key)
 	if err != nil {
 		return nil, err
+	}
+	if s.kind == policy.RequestStream {
+		st.onLost(s.key, p.Stop)
+		s.fenceRequest(p)
 	}
 	if s.kind == policy.StandaloneStream {
 		if err := st.awaitEarlierStandalone(ctx, s.sess.sh, s.sess.epoch); err != nil {
@@ -178,6 +182,11 @@ func (s *stream) producerDone() {
 	}
 	if s.kind == policy.StandaloneStream {
 		s.sess.st.release(s.key)
+	} else if s.fenced.Swap(false) {
+		// A request stream's producer that stopped itself (fenceRequest)
+		// lets the lease go, so the call is taken over (here too) as soon
+		// as NATS is back, not only once the lease lapsed.
+		go s.sess.st.release(s.key)
 	}
 	s.changed.fire()
 }

@@ -55,6 +55,10 @@ type reader struct {
 	asm     []byte  // the event being put together from its parts
 	asmInfo msgInfo // its first part
 	asmNext int     // the part it needs next (0: none under way)
+	// goneTold: Read said ErrProducerGone of a request stream since its
+	// last idle wait, at the stream's lease generation goneGen.
+	goneTold bool
+	goneGen  uint64
 
 	mu        sync.Mutex
 	next      uint64
@@ -153,7 +157,19 @@ func (r *reader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time
 		if r.s.kind == policy.StandaloneStream && r.producerGone(ctx) {
 			return buffer.Batch{}, buffer.ErrProducerGone
 		}
+		if r.s.kind == policy.RequestStream && (!r.goneTold || r.goneGen != r.s.leaseGen.Load()) && r.producerGone(ctx) {
+			// Its producer died: told once (and again after each idle
+			// wait or change of the lease: a producer here that let it go
+			// a moment later), so the reader's replica may take the
+			// upstream read over; then this reader reads what the new
+			// producer stores, or the sweeper's end.
+			r.goneTold, r.goneGen = true, r.s.leaseGen.Load()
+			return buffer.Batch{}, buffer.ErrProducerGone
+		}
 		if err := r.wait(ctx, idle, changed); err != nil {
+			if errors.Is(err, buffer.ErrIdle) {
+				r.goneTold = false
+			}
 			return buffer.Batch{}, err
 		}
 	}
@@ -427,8 +443,8 @@ func (r *reader) lost(from, n uint64) error {
 	return buffer.ErrBelowFloor
 }
 
-// producerGone reports, for the standalone stream, that no producer holds
-// it and the reader has read everything stored.
+// producerGone reports that no producer holds the stream and the reader
+// has read everything stored.
 func (r *reader) producerGone(ctx context.Context) bool {
 	if r.st.leased(ctx, r.s.key) {
 		return false
@@ -539,13 +555,15 @@ func (r *reader) heartbeat() {
 }
 
 func (r *reader) Close() {
+	// Touch first: a sweep between the reader's removal and the touch would
+	// see the session idle since long before its client left.
+	r.s.sess.Touch()
 	mine := r.s.removeReader(r)
 	r.close(io.ErrClosedPipe)
 	if mine {
 		r.sync(true)
 	}
 	r.release()
-	r.s.sess.Touch()
 }
 
 // release frees the reader's consumer (or its place in the writer's feed)

@@ -109,6 +109,7 @@ type streamRecord struct {
 	UpstreamAt uint64               `json:"upstream_at,omitempty"` // the stored head Upstream was recorded at
 	Opened     bool                 `json:"opened,omitempty"`      // a client or producer used it (request streams: always)
 	Purged     bool                 `json:"purged,omitempty"`      // ended, and nothing of it is stored any more (not even its end marker)
+	Producer   string               `json:"producer,omitempty"`    // a request stream's: the replica that opened it or last took it over
 	Created    int64                `json:"created"`
 	Ended      int64                `json:"ended,omitempty"`
 }

@@ -214,7 +214,8 @@ func (s *session) NewStream(ids []string, key [32]byte) (buffer.Stream, error) {
 		}
 		return nil, err
 	}
-	rec := &streamRecord{Kind: policy.RequestStream, Floor: 1, Key: key[:], Opened: true, Created: time.Now().UnixNano()}
+	rec := &streamRecord{Kind: policy.RequestStream, Floor: 1, Key: key[:], Opened: true, Created: time.Now().UnixNano(),
+		Producer: st.opts.ReplicaID}
 	for _, id := range ids {
 		rec.Requests = append(rec.Requests, policy.RequestView{ID: id})
 	}

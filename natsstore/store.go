@@ -511,6 +511,7 @@ func (st *Store) streamChanged(key string, cur *streamRecord) {
 
 func (st *Store) leaseChanged(key string, _ *leaseRecord) {
 	if v, ok := st.byKey.Load(key); ok {
+		v.(*stream).leaseGen.Add(1)
 		v.(*stream).changed.fire()
 	}
 }

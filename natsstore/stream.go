@@ -32,6 +32,9 @@ type stream struct {
 	stalled   atomic.Bool
 	stalls    atomic.Uint64 // times this replica's producer began waiting on a full log
 
+	fenced   atomic.Bool   // its producer here stopped itself, its lease unrenewed (fenceRequest)
+	leaseGen atomic.Uint64 // counts the changes of its lease this replica's mirror saw
+
 	mu      sync.Mutex
 	w       *writer
 	ended   error // why the stream is over here (the session ended, the store closed)
@@ -508,16 +511,31 @@ func (s *stream) end(err error) {
 func (s *stream) leave() {
 	st := s.sess.st
 	w := s.currentWriter()
+	handOver := false
 	if w != nil && s.kind == policy.RequestStream && st.holds(s.key) {
 		if rec, ok := s.record(); ok && rec.State == policy.Live {
-			head, _ := w.assigned()
-			last := string(eventid.Append(nil, s.sess.epoch, s.num, head))
-			s.Fail(policy.ReasonUpstreamFailed, st.opts.FailureSignals(policy.ReasonUpstreamFailed, last, w.pending())...)
+			// A stream the upstream can resume from what is stored is left
+			// live for a takeover (takeover.go) on any replica, this one
+			// restarted too; the others fail now, loudly.
+			w.mu.Lock()
+			handOver = w.upstream != ""
+			w.mu.Unlock()
+			if handOver = handOver || st.hasCursor(s.key, rec); !handOver {
+				head, _ := w.assigned()
+				last := string(eventid.Append(nil, s.sess.epoch, s.num, head))
+				s.Fail(policy.ReasonUpstreamFailed, st.opts.FailureSignals(policy.ReasonUpstreamFailed, last, w.pending())...)
+			}
 		}
 	}
 	if w != nil {
 		w.waitStored(st.endTimeout())
 		w.recordNote()
+		if handOver {
+			// What it could not store, the successor asks the upstream for.
+			w.mu.Lock()
+			w.superseded = true
+			w.mu.Unlock()
+		}
 	}
 	s.producing.Store(false)
 	st.release(s.key)

@@ -47,6 +47,7 @@ func (st *Store) sweep(now time.Time) {
 	ttl := st.opts.LeaseTTL
 	connected := make(map[string]bool)      // incarnations a client reads
 	ended := make(map[string][]endedStream) // incarnation -> ended request streams
+	orphans := make(map[string]time.Time)   // orphans waiting for a takeover, since
 	st.streams.each(func(key string, rec *streamRecord, _ uint64) {
 		inc := incarnationOf(key)
 		if !st.incarnationHeld(inc) {
@@ -71,11 +72,12 @@ func (st *Store) sweep(now time.Time) {
 		switch {
 		case rec.Kind != policy.RequestStream:
 		case !st.holds(key) && now.Sub(time.Unix(0, rec.Created)) >= ttl:
-			if !st.leased(st.ctx, key) {
+			if !st.leased(st.ctx, key) && !st.awaitsTakeover(key, rec, now, orphans) {
 				st.failOrphan(key)
 			}
 		}
 	})
+	st.orphans = orphans
 	for _, list := range ended {
 		st.retire(list, now)
 	}
@@ -153,6 +155,38 @@ func (st *Store) retire(list []endedStream, now time.Time) {
 	}
 }
 
+// awaitsTakeover reports whether the orphan key (its producer's lease
+// lapsed) is left to a takeover for now: it recorded an upstream cursor, so
+// the replica its client comes back to can resume the upstream from it, and
+// it has been found orphaned for less than TakeoverWait. orphans collects
+// the ones waiting, with the time this sweeper first found them.
+func (st *Store) awaitsTakeover(key string, rec *streamRecord, now time.Time, orphans map[string]time.Time) bool {
+	since, ok := st.orphans[key]
+	if !ok {
+		if !st.hasCursor(key, rec) {
+			return false
+		}
+		since = now
+	}
+	if now.Sub(since) >= st.opts.TakeoverWait {
+		return false
+	}
+	orphans[key] = since
+	return true
+}
+
+// hasCursor reports whether the stream key recorded an upstream cursor: in
+// its record, or with its last stored message.
+func (st *Store) hasCursor(key string, rec *streamRecord) bool {
+	if rec.Upstream != "" {
+		return true
+	}
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	m, err := st.lastMsg(ctx, st.names.subject(key))
+	return err == nil && m != nil && m.upstream != ""
+}
+
 // failOrphan ends a live request stream whose producer's lease lapsed (its
 // replica died): the failure signals (a gap event, an error for each
 // request still waiting) and the end marker go in after the last stored
@@ -181,18 +215,10 @@ func (st *Store) failOrphan(key string) {
 	}
 	// Answers stored after the record last heard of them.
 	answered := make(map[string]uint64)
-	for from := rec.Synced + 1; last != nil && from <= last.seq; {
-		m, _, err := st.nextMsg(ctx, subject, from)
-		if err != nil {
+	if last != nil {
+		if answered, err = st.answersAfter(ctx, subject, rec.Synced+1, last.seq); err != nil {
 			return
 		}
-		if m == nil {
-			break
-		}
-		for _, a := range m.answers {
-			answered[a.id] = a.seq
-		}
-		from = m.seq + 1
 	}
 	var pending []string
 	for _, id := range rec.pending() {

@@ -55,6 +55,11 @@ type writer struct {
 
 	others othersCache
 	feed   feed // for the local reader (feed.go)
+
+	// superseded: another producer took the stream over (takeover.go), so
+	// what this writer could not store is its successor's to get again.
+	superseded bool
+	storedUp   string // the upstream cursor of the last message stored here
 }
 
 type batch struct {
@@ -118,6 +123,7 @@ func (w *writer) load(fresh bool) error {
 	if last != nil && last.upstream != "" && last.last() > rec.UpstreamAt {
 		w.upstream = last.upstream
 	}
+	w.storedUp = w.upstream
 	if last != nil && last.last() >= w.head {
 		w.head, w.headOff, w.lastMsg = last.last(), last.endOff(), last.seq
 		w.ending = last.end != policy.Live
@@ -244,6 +250,9 @@ func (w *writer) flush() {
 				w.lastMsg = seq
 				if !o.partial {
 					w.stored, w.storedOff = o.last, o.endOff
+					if up := o.msg.Header.Get(hdrUpstream); up != "" {
+						w.storedUp = up
+					}
 				}
 				if w.feed.reader != nil {
 					info := o.info
@@ -258,12 +267,14 @@ func (w *writer) flush() {
 		if err == nil && w.st.opts.OnPublish != nil {
 			w.st.opts.OnPublish(time.Since(began), len(b.lens))
 		}
+		superseded := errors.Is(err, errConflict) && w.s.takenOver()
 		w.mu.Lock()
 		if err == nil {
 			if cap(b.buf) <= 2*w.st.batchMax && !fed {
 				w.spare = b.buf[:0]
 			}
 		} else {
+			w.superseded = w.superseded || superseded
 			w.failLocked(err)
 		}
 		late := err == nil && w.stopErr != nil
@@ -343,6 +354,9 @@ func (w *writer) failLocked(err error) {
 		return
 	}
 	st, s := w.st, w.s
+	if w.superseded {
+		return // the producer that took the stream over asked the upstream for them again
+	}
 	if s.sess.gone() {
 		st.counters.EventsEvicted.Add(lost)
 		return

@@ -4,9 +4,11 @@ package resume
 // answered (SEP-1699 polling, a dropped connection), or its standalone
 // stream ends while the session lives, the tap asks again with GET and the
 // upstream's own Last-Event-ID, into the same stream, until it is answered
-// or fails (failureReason: why a stream cannot go on).
+// or fails (failureReason: why a stream cannot go on). The follower also
+// takes a call over from a replica that died (tap.go's takeOver).
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"time"
@@ -74,9 +76,9 @@ func (t *upstreamTap) sleep(d time.Duration) bool {
 // answered: after the first response ends early, it resumes the upstream's
 // stream with GETs, within maxReconnects attempts without progress and
 // never past stall_timeout without progress; else the stream fails loudly.
-func (t *upstreamTap) followRequest(first attemptResult) {
+// attempts is how many of those first was (a takeover's first is one).
+func (t *upstreamTap) followRequest(first attemptResult, attempts int) {
 	res := first
-	attempts := 0
 	lastProgress := time.Now()
 	for {
 		switch {
@@ -95,7 +97,7 @@ func (t *upstreamTap) followRequest(first attemptResult) {
 			t.fail(t.failureReason(nil, res.broken))
 			return
 		case !res.tapped && attempts > 0 && policy.Classify(res.status).Refused():
-			t.h.reconnected(t, attempts, res, "refused")
+			// Counted and logged as refused with its attempt.
 			t.fail(policy.ReasonUpstreamFailed)
 			return
 		}
@@ -133,6 +135,11 @@ func (h *Engine) reconnected(t *upstreamTap, attempt int, res attemptResult, out
 		}
 	}
 	upstreamReconnects.WithLabelValues(outcome).Inc()
+	t.lastStatus = res.status
+	if t.takeover && !t.takeoverCounted && res.tapped {
+		t.takeoverCounted = true
+		takeovers.WithLabelValues("resumed").Inc()
+	}
 	fields := []zap.Field{zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()),
 		zap.String("upstream_last_event_id", truncate(t.lastID, 80)), zap.Int("attempt", attempt),
 		zap.String("outcome", outcome), zap.Int("status", res.status)}
@@ -218,4 +225,65 @@ func (t *upstreamTap) failureReason(err error, broken bool) policy.Reason {
 		return policy.ReasonUpstreamFailed
 	}
 	return policy.ReasonUpstreamClosed
+}
+
+// Taking a call's upstream read over when the replica that read it died
+// (natsstore/DESIGN.md, "Takeover"): a client reads the request stream on
+// this replica, its reader finds no producer (buffer.ErrProducerGone), and
+// the stream recorded the upstream's own event ID with what it stored. The
+// follower then runs here: GET with Last-Event-ID: that ID, into the same
+// stream, with the headers of the client request that reads it (its
+// credentials were just authorized for the session: the store keeps
+// none), until the call is answered or fails loudly.
+
+// takeOver starts reading the upstream for stream, whose producer is gone,
+// if it can be resumed and this replica gets the producer role (exactly
+// one does). r is the request of the client reading the stream here; next
+// reaches the upstream. It returns at once: the relay reads what the new
+// producer stores.
+func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, stream buffer.Stream) {
+	to, ok := stream.(buffer.Takeover)
+	if !ok || stream.Kind() != policy.RequestStream || stream.View().State != policy.Live {
+		return
+	}
+	if stream.UpstreamCursor() == "" {
+		return // nothing to resume the upstream from: the sweeper ends the stream at lease_ttl
+	}
+	ctx, cancel := context.WithTimeout(h.rt.stopCtx, 10*time.Second) // a producer here asked to stop is waited for
+	p, who, err := to.TakeOver(ctx)
+	cancel()
+	if err != nil {
+		h.logger.Debug("takeover not taken", zap.String("session", sess.ID()), zap.Uint32("stream", stream.Num()), zap.Error(err))
+		return
+	}
+	t := h.newTap(r, next, sess, sess.Meta().Version)
+	t.produce(stream, p)
+	t.takeover = true
+	t.lastID = stream.UpstreamCursor() // the fence is stored: this is exactly what the store holds
+	t.takeoverFrom = t.lastID
+	for _, q := range stream.View().Requests {
+		if q.AnsweredAt == 0 {
+			t.pending = append(t.pending, q.ID)
+		}
+	}
+	h.logger.Info("request stream taken over", zap.String("session", sess.ID()), zap.Uint32("stream", stream.Num()),
+		zap.String("replica", who.Current), zap.String("previous_replica", who.Previous),
+		zap.String("upstream_last_event_id", truncate(t.lastID, 80)), zap.Strings("pending", t.pending))
+	h.rt.reads.Add(1) // a stopping process drains it like any call it reads
+	go func() {
+		defer h.rt.reads.Add(-1)
+		defer t.close()
+		if len(t.pending) == 0 {
+			// Its producer stored every answer and died before the end.
+			t.stream.Complete()
+			takeovers.WithLabelValues("complete").Inc()
+			return
+		}
+		res := t.attempt(t.reconnectRequest(), discard(), func(http.Header) bool { return true }, true)
+		t.h.reconnected(t, 1, res, "")
+		t.followRequest(res, 1)
+		if !t.takeoverCounted && policy.Classify(t.lastStatus) == policy.UpstreamSessionGone {
+			t.takeoverFailed() // a 404 ended the session: its clients got the gap and -32010
+		}
+	}()
 }

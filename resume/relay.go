@@ -41,6 +41,10 @@ type relay struct {
 	replayUpTo uint64
 	dst        [][]byte
 	delivered  uint64 // the last seq written to the client
+	// takeover, if set, is called when the reader of a request stream finds
+	// its producer gone (a shared store's producer replica died): this
+	// replica may take the upstream read over (takeover.go).
+	takeover func()
 }
 
 func (h *Engine) newRelay(w http.ResponseWriter, sess buffer.Session, stream buffer.Stream, rd buffer.Reader) *relay {
@@ -104,6 +108,13 @@ func (rl *relay) run(ctx context.Context) {
 			// ends (the record's deletion reaches the stream first).
 			rl.sessionEnded()
 			return
+		case errors.Is(err, buffer.ErrProducerGone) && rl.stream.Kind() == policy.RequestStream:
+			// The replica reading its upstream died. Read on: what a
+			// takeover (here or on another replica) stores, or the
+			// sweeper's explicit failure.
+			if rl.takeover != nil {
+				rl.takeover()
+			}
 		case errors.Is(err, buffer.ErrBelowFloor):
 			if !rl.recoverBelowFloor() {
 				return
@@ -273,6 +284,12 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 	w.WriteHeader(http.StatusOK)
 	rl := t.h.newRelay(w, t.sess, t.stream, rd)
 	rl.replayUpTo = replayUpTo
+	if t.stream.Kind() == policy.RequestStream {
+		// Its producer is this tap, unless this replica lost the stream
+		// (cut off from the store past lease_ttl) and no other took it.
+		sess, stream := t.sess, t.stream
+		rl.takeover = func() { t.h.takeOver(t.client, t.next, sess, stream) }
+	}
 	t.relayDone = make(chan struct{})
 	go func() {
 		defer close(t.relayDone)
@@ -288,10 +305,17 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 // reader's position in this request's goroutine.
 func (h *Engine) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
 	rd buffer.Reader, pre []byte, replayUpTo uint64) error {
+	return h.relayWith(w, r, sess, stream, rd, pre, replayUpTo, nil)
+}
+
+// relayWith is relayTo with a takeover for the relay (see relay.takeover).
+func (h *Engine) relayWith(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
+	rd buffer.Reader, pre []byte, replayUpTo uint64, takeover func()) error {
 	prepareSSEHeaders(w.Header())
 	w.WriteHeader(http.StatusOK)
 	rl := h.newRelay(w, sess, stream, rd)
 	rl.replayUpTo = replayUpTo
+	rl.takeover = takeover
 	if len(pre) == 0 {
 		pre = sse.AppendComment(nil, "mcp-resume") // bytes at once: intermediaries release the headers
 	}

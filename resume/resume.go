@@ -178,7 +178,9 @@ func (h *Engine) serveStream(w http.ResponseWriter, r *http.Request, next Next, 
 	if stream.Kind() == policy.StandaloneStream {
 		return h.serveStandalone(w, r, next, sess, rd, pre, replayUpTo)
 	}
-	return h.relayTo(w, r, sess, stream, rd, pre, replayUpTo)
+	// This client's request (authorized for the session just now) is what
+	// a takeover of the upstream read carries.
+	return h.relayWith(w, r, sess, stream, rd, pre, replayUpTo, func() { h.takeOver(r, next, sess, stream) })
 }
 
 // serveAdopt answers a resume of the standalone stream of a session the

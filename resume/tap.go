@@ -84,6 +84,14 @@ type upstreamTap struct {
 	// attempt is dropped (asked again) instead of passed on.
 	dropConflict func() bool
 
+	// takeover: the tap took the stream over from a producer that died
+	// (follow.go's takeOver), from upstream cursor takeoverFrom;
+	// takeoverCounted once its outcome is counted; lastStatus is the
+	// upstream's status on the last attempt.
+	takeover, takeoverCounted bool
+	takeoverFrom              string
+	lastStatus                int
+
 	relayDone chan struct{}
 }
 
@@ -436,6 +444,9 @@ func (t *upstreamTap) fail(reason policy.Reason) {
 	if reason == "" {
 		return
 	}
+	if t.takeover && !t.takeoverCounted {
+		t.takeoverFailed() // counted before its clients can learn it
+	}
 	head := eventid.Append(nil, t.sess.Epoch(), t.stream.Num(), t.stream.View().Head)
 	gaps.WithLabelValues(string(reason)).Inc()
 	t.stream.Fail(reason, FailureSignals(reason, string(head), t.pending)...)
@@ -629,6 +640,21 @@ func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
 	if !res.tapped {
 		return res.proxied
 	}
-	t.followRequest(res)
+	t.followRequest(res, 0)
 	return nil // the client already has its response headers
+}
+
+// takeoverFailed counts and logs a takeover whose upstream never resumed
+// the stream: it is failing, explicitly.
+func (t *upstreamTap) takeoverFailed() {
+	t.takeoverCounted = true
+	outcome := "failed"
+	if policy.Classify(t.lastStatus).Refused() {
+		outcome = "refused"
+	}
+	takeovers.WithLabelValues(outcome).Inc()
+	t.h.logger.Warn("takeover: the upstream did not resume the stream; it failed",
+		zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()),
+		zap.String("upstream_last_event_id", truncate(t.takeoverFrom, 80)), zap.String("outcome", outcome),
+		zap.Int("status", t.lastStatus))
 }

@@ -79,6 +79,13 @@ type NATSStore struct {
 	// stopping: after it, another replica fails the dead producer's streams.
 	// Default: 15s.
 	LeaseTTL caddy.Duration `json:"lease_ttl,omitempty"`
+
+	// How long a call whose replica died waits, once its lease lapsed, for
+	// its client to come back (on any replica) so that replica resumes the
+	// upstream from the stream's recorded upstream event ID; after it, the
+	// call fails explicitly. Only upstreams that give event IDs can be
+	// resumed; the others' calls fail at lease_ttl. Default: 1m.
+	TakeoverWait caddy.Duration `json:"takeover_wait,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -116,7 +123,7 @@ func (n *NATSStore) Validate() error {
 		return fmt.Errorf("store nats: tls_client needs both a certificate and a key")
 	case n.Prefix != "" && !natsPrefixRE.MatchString(n.Prefix):
 		return fmt.Errorf("store nats: prefix %q: use 1 to 32 letters, digits, '_' or '-'", n.Prefix)
-	case n.DrainTimeout < 0 || n.LeaseTTL < 0:
+	case n.DrainTimeout < 0 || n.LeaseTTL < 0 || n.TakeoverWait < 0:
 		return fmt.Errorf("store nats: durations must be positive")
 	case n.LeaseTTL != 0 && time.Duration(n.LeaseTTL) < time.Second:
 		return fmt.Errorf("store nats: lease_ttl (%s) must be at least 1s", time.Duration(n.LeaseTTL))
@@ -167,6 +174,7 @@ func (n NATSStore) OpenStore(ctx context.Context, zone string, o caddymodule.Sto
 		Limits:          o.Limits,
 		Hooks:           o.Hooks,
 		LeaseTTL:        time.Duration(n.LeaseTTL),
+		TakeoverWait:    time.Duration(n.TakeoverWait),
 		FailureSignals:  resume.FailureSignals,
 		OnError:         o.OnError,
 		OnPublish:       o.OnPublish,
@@ -255,6 +263,9 @@ func (n NATSStore) Identity(zone string) string {
 	if n.LeaseTTL == 0 {
 		n.LeaseTTL = caddy.Duration(natsstore.DefaultLeaseTTL)
 	}
+	if n.TakeoverWait == 0 {
+		n.TakeoverWait = caddy.Duration(natsstore.DefaultTakeoverWait)
+	}
 	if n.Embedded {
 		n.Dir = n.embeddedDir()
 	}
@@ -297,6 +308,7 @@ func (n NATSStore) DrainFor() time.Duration {
 //	    prefix        <name>
 //	    drain_timeout <duration>
 //	    lease_ttl     <duration>
+//	    takeover_wait <duration>
 //	}
 func (n *NATSStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // "nats"
@@ -360,14 +372,15 @@ func (n *NATSStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = two(&n.TLSCert, &n.TLSKey, "a certificate and a key file")
 		case "prefix":
 			err = one(&n.Prefix, "mcpr_prod")
-		case "drain_timeout", "lease_ttl":
+		case "drain_timeout", "lease_ttl", "takeover_wait":
 			var v string
 			if err = one(&v, "30s"); err == nil {
 				dur, perr := caddy.ParseDuration(v)
 				if perr != nil || dur <= 0 {
 					return d.Errf("store nats: %s: %q is not a positive duration", name, v)
 				}
-				*map[string]*caddy.Duration{"drain_timeout": &n.DrainTimeout, "lease_ttl": &n.LeaseTTL}[name] = caddy.Duration(dur)
+				*map[string]*caddy.Duration{"drain_timeout": &n.DrainTimeout, "lease_ttl": &n.LeaseTTL,
+					"takeover_wait": &n.TakeoverWait}[name] = caddy.Duration(dur)
 			}
 		default:
 			return d.Errf("store nats: unrecognized option %q", name)

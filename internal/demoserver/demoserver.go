@@ -57,6 +57,13 @@ type Options struct {
 	// close_after works. The server most users run has none.
 	EventStore bool
 
+	// EventStoreMaxBytes, if set, bounds what the event store keeps (the
+	// SDK's MemoryEventStore.SetMaxBytes): it forgets the oldest events
+	// beyond it, and a GET whose Last-Event-ID precedes what it kept is
+	// refused (400 "failed to replay events"), as a server whose store
+	// purged them refuses it.
+	EventStoreMaxBytes int
+
 	// CloseStandaloneAfter, if set, ends every standalone GET stream after
 	// that long, as servers that poll (or restart their connections) do.
 	// With EventStore, notifications sent meanwhile are kept for the next
@@ -103,7 +110,11 @@ func New(opts Options) http.Handler {
 	}
 	var store mcp.EventStore // none by default: this upstream is not resumable, on purpose
 	if opts.EventStore {
-		store = mcp.NewMemoryEventStore(nil)
+		ms := mcp.NewMemoryEventStore(nil)
+		if opts.EventStoreMaxBytes > 0 {
+			ms.SetMaxBytes(opts.EventStoreMaxBytes)
+		}
+		store = ms
 	}
 	h := mcp.NewStreamableHTTPHandler(getServer, &mcp.StreamableHTTPOptions{
 		EventStore: store,

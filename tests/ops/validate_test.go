@@ -178,6 +178,8 @@ func TestValidateRejectsBadConfigs(t *testing.T) {
 		{"store nats {\nurl nats://a:4222\nprefix a.b\n}", []string{"store nats", "prefix"}},
 		{"store nats {\nurl nats://a:4222\nlease_ttl 10ms\n}", []string{"store nats", "lease_ttl"}},
 		{"store nats {\nurl nats://a:4222\ndrain_timeout soon\n}", []string{"store nats", "drain_timeout"}},
+		{"store nats {\nurl nats://a:4222\ntakeover_wait 0s\n}", []string{"store nats", "takeover_wait"}},
+		{"store nats {\nurl nats://a:4222\ntakeover_wait later\n}", []string{"store nats", "takeover_wait"}},
 		{"store nats {\nurl nats://a:4222\nfrobnicate\n}", []string{"store nats", "frobnicate"}},
 	} {
 		t.Run(strings.ReplaceAll(tt.sub, "\n", ";"), func(t *testing.T) {
@@ -220,6 +222,7 @@ tls_client /etc/nats/client.pem /etc/nats/client-key.pem
 prefix mcpr_prod
 drain_timeout 45s
 lease_ttl 5s
+takeover_wait 2m
 }`,
 	} {
 		t.Run("valid "+strings.ReplaceAll(sub, "\n", ";"), func(t *testing.T) {
