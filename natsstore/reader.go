@@ -228,6 +228,15 @@ func (r *reader) fromFeed(ctx context.Context, next uint64, idle time.Duration) 
 	case ok:
 		return r.placeInfo(m.info, m.data)
 	}
+	if !r.s.producing.Load() {
+		// The producer here let go (cut off from NATS, it stopped before
+		// its lease could lapse): the feed brings nothing more. A consumer
+		// reads what a takeover or the sweeper stores, and tells of the
+		// producer gone.
+		r.fed = false
+		w.unregister(r)
+		return errFeedGone
+	}
 	if r.timer == nil {
 		r.timer = time.NewTimer(idle)
 	} else {
