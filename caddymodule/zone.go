@@ -396,6 +396,7 @@ func (z *zone) drain() {
 	case zoneDrainingRelease:
 		why = "a reload left no handler in the zone"
 	}
+	released := z.phase.state == zoneDrainingRelease
 	timeout := z.drainTimeout
 	z.mu.Unlock()
 	logger := z.logger.Load()
@@ -406,6 +407,20 @@ func (z *zone) drain() {
 	logger.Info(msg,
 		zap.String("zone", z.name), zap.String("why", why), zap.Int64("upstream_reads", z.rt.Reads()),
 		zap.Duration("drain_timeout", timeout), zap.Bool("bounded", bounded))
+	if released {
+		// A reload that left no handler: the standalone reads end at once
+		// (StartDrain), so with no call running the zone closes before
+		// Destruct returns and its store is not left open behind the
+		// configuration that dropped it. Waited for a second at most.
+		for deadline := time.Now().Add(time.Second); z.rt.Reads() > 0 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if z.rt.Reads() == 0 {
+			logger.Info("drained", zap.String("zone", z.name))
+			z.fire(zoneDrained)
+			return
+		}
+	}
 	go func() {
 		for z.rt.Reads() > 0 && !z.drainTimedOut() {
 			time.Sleep(50 * time.Millisecond)
