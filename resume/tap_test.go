@@ -55,6 +55,18 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
 	return step(w, r)
 }
 
+// waitFor polls cond until it holds, and fails the test, saying what it
+// waited for, if it does not within timeout. (tests/harness has one too,
+// but it imports this package.)
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+	}
+}
+
 func (u *upstream) requests() []*http.Request {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -398,13 +410,16 @@ func TestTapFollowsWhileTheClientIsAway(t *testing.T) {
 	w := httptest.NewRecorder()
 	done := make(chan error, 1)
 	go func() { done <- h.ServeHTTP(w, r, up) }()
-	time.Sleep(50 * time.Millisecond)
+	sess, _ := h.rt.store.Session("sess-1")
+	waitFor(t, 10*time.Second, "the tap to take u1 before the client leaves", func() bool {
+		st, ok := sess.Stream(1)
+		return ok && st.View().Head >= 1
+	})
 	leave()
 	close(gate)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	sess, _ := h.rt.store.Session("sess-1")
 	st, _ := sess.Stream(1)
 	if v := st.View(); v.State != policy.Complete || v.Head != 3 {
 		t.Fatalf("the upstream was not followed after the client left: %+v", v)
@@ -472,10 +487,7 @@ func TestTapFollowsTheStandaloneStream(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- h.ServeHTTP(w, g, up) }()
 	st := sess.Standalone()
-	deadline := time.Now().Add(10 * time.Second)
-	for st.View().Head < 3 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, 10*time.Second, "the standalone stream to take notices 1..3", func() bool { return st.View().Head >= 3 })
 	leave()
 	h.rt.store.Delete("sess-1", policy.ReasonDeleted) // ends the producer
 	<-done
@@ -532,10 +544,7 @@ func TestStandaloneHandsTheStoredCursorOn(t *testing.T) {
 	}
 	ctx, leave := context.WithCancel(context.Background())
 	_, done = get(ctx)
-	deadline := time.Now().Add(10 * time.Second)
-	for st.View().Head < 2 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitFor(t, 10*time.Second, "the second tap to take notice _3", func() bool { return st.View().Head >= 2 })
 	leave()
 	h.rt.store.Delete("sess-1", policy.ReasonDeleted) // ends the producer
 	<-done
@@ -754,7 +763,7 @@ func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
 			w.Header().Set("Content-Type", "text/event-stream")
 			w.WriteHeader(http.StatusOK)
 			http.NewResponseController(w).Flush()
-			time.Sleep(300 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond) // the upstream's own delay: the notification comes after the 503
 			return sseStep("hang", notification)(discardHeaders{w}, r)
 		}},
 	} {
@@ -769,7 +778,14 @@ func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
 				t.Cleanup(fresh.Close)
 				h.rt.store = standaloneAttachFails{fresh}
 				up := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{tc.step}}
+				served := make(chan struct{}, 1)
 				srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					defer func() {
+						select {
+						case served <- struct{}{}:
+						default: // one request is what the test makes
+						}
+					}()
 					if err := h.ServeHTTP(w, r, up); err != nil {
 						t.Logf("ServeHTTP: %v", err)
 					}
@@ -807,7 +823,14 @@ func TestAdoptionAnswersAtOnceWhenAttachFails(t *testing.T) {
 				if !ok {
 					t.Fatal("the session was not adopted")
 				}
-				time.Sleep(400 * time.Millisecond) // past the notification's time
+				// The handler returns only once the upstream's GET ended, after
+				// its notification (if any) was written: what the proxy would
+				// have taken of it is in the stream by then.
+				select {
+				case <-served:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the handler did not return after the 503")
+				}
 				if v := sess.Standalone().View(); v.Head != 0 || v.State != policy.Live {
 					t.Fatalf("the adopted standalone stream: head %d, %v; want nothing taken, live", v.Head, v.State)
 				}
@@ -882,9 +905,18 @@ func earlyHints(final func(http.ResponseWriter, *http.Request) error) func(http.
 }
 
 // standaloneGet opens the session's standalone stream over real HTTP and
-// returns what came within about a second.
+// returns what came until the response ended (at most 3 s), once the
+// handler returned: whatever the proxy did about the upstream's answer
+// (ending the session, asking again) it has done by then.
 func standaloneGet(t *testing.T, h *Engine, up *upstream) (*http.Response, string) {
+	served := make(chan struct{}, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			select {
+			case served <- struct{}{}:
+			default: // one request is what the test makes
+			}
+		}()
 		if err := h.ServeHTTP(w, r, up); err != nil {
 			t.Logf("ServeHTTP: %v", err)
 		}
@@ -902,12 +934,14 @@ func standaloneGet(t *testing.T, h *Engine, up *upstream) (*http.Response, strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 4096)
-	n, _ := io.ReadAtLeast(resp.Body, buf, 1)
-	time.Sleep(700 * time.Millisecond)
-	m, _ := resp.Body.Read(buf[n:])
+	body, _ := io.ReadAll(resp.Body) // to its end, or the deadline's
 	resp.Body.Close()
-	return resp, string(buf[:n+m])
+	select {
+	case <-served:
+	case <-time.After(5 * time.Second):
+		t.Error("the handler did not return after the client's response ended")
+	}
+	return resp, string(body)
 }
 
 // An upstream 103 before its answer to a standalone GET passes to the

@@ -182,7 +182,7 @@ func TestManySessionsBoundedMemory(t *testing.T) {
 				case s.kind == vanished && s.tr.Progress == 5:
 					return // disconnects mid-stream, never comes back
 				case s.kind == slow && s.tr.Progress%25 == 0:
-					time.Sleep(100 * time.Millisecond)
+					time.Sleep(100 * time.Millisecond) // a slow consumer's pace
 				}
 			}
 		}(s)
@@ -355,7 +355,7 @@ func TestSlowConsumerRelayMemory(t *testing.T) {
 	var peak uint64
 	var maxRetained float64
 	for i := 0; i < 16; i++ {
-		time.Sleep(400 * time.Millisecond)
+		time.Sleep(400 * time.Millisecond) // a sample every 400ms while the slow readers run
 		peak = max(peak, mcptest.LiveHeap())
 		if m, err := c.Metrics(); err == nil {
 			v, _ := m.Sum("caddy_mcp_resume_retained_bytes")

@@ -134,8 +134,9 @@ func TestStallTimeoutFailsCallLoudly(t *testing.T) {
 	default:
 	}
 
-	// The network comes back: the SDK resumes and the call fails, loudly.
-	time.Sleep(200 * time.Millisecond)
+	// The network comes back once the SDK is trying to resume (a request
+	// waits at the gate): the resume goes through and the call fails, loudly.
+	harness.WaitFor(t, 10*time.Second, "the client's reconnect to wait at the gate", func() bool { return gate.Held() > 0 })
 	released := time.Now()
 	gate.Release()
 	var r result
@@ -158,7 +159,9 @@ func TestStallTimeoutFailsCallLoudly(t *testing.T) {
 	if d := r.at.Sub(released); d > 15*time.Second {
 		t.Errorf("CallTool took %v after the network came back", d)
 	}
-	// What the client did see arrived once, in order.
+	// What the client did see arrived once, in order. The SDK hands
+	// notifications to their handler on its own goroutines: a late one (or
+	// a duplicate) would land within this pause, whose end has no event.
 	time.Sleep(100 * time.Millisecond)
 	mu.Lock()
 	got := append([]float64(nil), progress...)
@@ -281,7 +284,7 @@ func TestRaisingStallTimeoutDoesNotSpin(t *testing.T) {
 		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	}
 	before := cpu()
-	time.Sleep(2 * time.Second)
+	time.Sleep(2 * time.Second) // the interval the CPU is measured over
 	used := cpu() - before
 	t.Logf("CPU over 2s with 100 stalled streams after the reload: %v", used)
 	if used > time.Second {

@@ -48,7 +48,7 @@ func waitStalled(t *testing.T, c *harness.Caddy, fc *mcptest.Call, cond func(buf
 			t.Fatalf("the upstream never stopped: written %d bytes, condition held %v, stalled seen %v; %+v",
 				fc.Written.Load(), condHeld, stalledSeen, ss)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // the poll's interval: the upstream must stay quiet for a second
 		if w := fc.Written.Load(); w != last {
 			last, lastChange = w, time.Now()
 		}

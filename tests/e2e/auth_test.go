@@ -315,7 +315,7 @@ func TestBasicAuthIdentityBinding(t *testing.T) {
 	for try := 0; err != nil && try < 2; try++ {
 		t.Logf("resume right after the reload: %v; again", err)
 		alice.Reconnect()
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a retry's pause, as an SDK client's: nothing to wait on
 		r, err = old.Resume(context.Background(), cursor)
 	}
 	if err != nil {

@@ -74,6 +74,25 @@ func startCut(t *testing.T, rc *harness.RawClient, id, n, k, intervalMS int) []s
 	return ids
 }
 
+// waitFloor waits until the proxy's admin API shows the stream of id with
+// its floor above floor (or no longer lists it): the events up to it were
+// evicted.
+func waitFloor(t *testing.T, c *harness.Caddy, sid string, id eventid.ID, floor uint64, what string) {
+	t.Helper()
+	harness.WaitFor(t, 10*time.Second, what, func() bool {
+		s, ok, err := mcptest.Session(c.Admin(), sid)
+		if err != nil || !ok {
+			return false
+		}
+		for _, st := range s.Streams {
+			if st.Num == id.Stream {
+				return st.Floor > floor
+			}
+		}
+		return true // a stream with nothing retained may go
+	})
+}
+
 func TestResumeDecisions(t *testing.T) {
 	c, _ := proxyFor(t, demoserver.Options{}, "resume_window 300ms")
 	rc := harness.NewSession(t, c.Base(), "2025-06-18")
@@ -149,7 +168,8 @@ func TestResumeDecisions(t *testing.T) {
 		// window they are evicted. The rest was never delivered and stays.
 		ids := startCut(t, rc, 5, 30, 3, 60)
 		first := mustParse(t, ids[0])
-		time.Sleep(1500 * time.Millisecond) // window 300ms + a sweep
+		last := mustParse(t, ids[len(ids)-1])
+		waitFloor(t, c, rc.SessionID, last, last.Seq, "the 3 delivered events to be evicted (window 300ms + a sweep)")
 		resp := rc.Resume(ids[0])
 		defer resp.Body.Close()
 		evs := harness.ReadEvents(t, resp, 0)
@@ -189,7 +209,8 @@ func TestResumeDecisions(t *testing.T) {
 		resp := rc.Call(6, "count", map[string]any{"n": 3, "interval_ms": 1})
 		evs := harness.ReadEvents(t, resp, 0)
 		resp.Body.Close()
-		time.Sleep(1500 * time.Millisecond) // all delivered and evicted
+		end := mustParse(t, evs[len(evs)-1].ID)
+		waitFloor(t, c, rc.SessionID, end, end.Seq, "all of call 6, delivered, to be evicted")
 		resp = rc.Resume(evs[0].ID)
 		defer resp.Body.Close()
 		got := harness.ReadEvents(t, resp, 0)
@@ -355,7 +376,7 @@ func TestReloadMidStreamLosesNothing(t *testing.T) {
 		}
 		t.Logf("resume after reload, try %d: %v", try+1, err)
 		rc.Reconnect()
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // a retry's pause, as an SDK client's: nothing to wait on
 	}
 	if err != nil {
 		t.Fatalf("resume after reload: %v", err)

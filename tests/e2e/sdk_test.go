@@ -49,7 +49,7 @@ func TestToolCallSurvivesConnectionCut(t *testing.T) {
 				// The SDK hands notifications to their handler asynchronously:
 				// the last may be dispatched just after the result.
 				harness.WaitFor(t, 5*time.Second, "progress", func() bool { return len(client.ProgressSeen()) >= n })
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // and no more: a duplicate would arrive now
 				harness.AssertOnceInOrder(t, client.ProgressAfterCall(n), n)
 			})
 		}

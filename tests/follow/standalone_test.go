@@ -175,7 +175,7 @@ func deleteRacingResumes(t *testing.T, round int) {
 				done <- out{status: r.StatusCode, evs: evs, err: ctx.Err()}
 			}()
 		}
-		time.Sleep(time.Duration(round*20) * time.Millisecond)
+		time.Sleep(time.Duration(round*20) * time.Millisecond) // the DELETE lands at a different point of the resumes each round
 		other := harness.NewRawClient(t, c.Base(), "2025-06-18")
 		other.SessionID = cl.SessionID
 		if err := other.Delete(context.Background()); err != nil {

@@ -114,7 +114,18 @@ func TestFollowsAStandaloneStreamTheServerCloses(t *testing.T) {
 	upstream := harness.StartDemo(t, demoserver.Options{EventStore: true, CloseStandaloneAfter: time.Second})
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(upstream, ""))
 	client := harness.ConnectSDK(t, c.Base()+"/mcp", "2025-11-25")
-	time.Sleep(200 * time.Millisecond) // the client's standalone GET is open
+	// The client's standalone GET is open and the proxy's upstream GET with
+	// it (the first notice is 500ms after the call), so none is missed.
+	harness.WaitFor(t, 5*time.Second, "the standalone stream fed by an upstream GET", func() bool {
+		for _, s := range c.AdminSessions(t) {
+			for _, st := range s.Streams {
+				if st.Kind == "standalone" && st.Connected && st.Producing {
+					return true
+				}
+			}
+		}
+		return false
+	})
 	const n = 20
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -116,7 +116,7 @@ func TestBadInputs(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), ": 503 ") || time.Now().After(deadline) {
 			t.Fatalf("main session after the rows: %v %s", err, x)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // the poll's interval, while the answer is 503
 	}
 	for _, b := range e.bgs {
 		b.finish(t)

@@ -189,7 +189,7 @@ func (b *background) flowing(t *testing.T, k int64) {
 		if time.Now().After(deadline) {
 			t.Fatalf("background session %s stalled: %d events in 20s", b.name, b.events.Load()-start)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the poll's interval
 	}
 }
 

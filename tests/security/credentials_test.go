@@ -249,16 +249,10 @@ func TestCredentialBindingAfterExpiry(t *testing.T) {
 		t.Fatalf("alice's call: %s", x)
 	}
 	cursor := x.Events[0].ID
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, held := adminSession(t, caddy, alice.SessionID); !held {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("alice's idle session did not expire at the proxy")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	harness.WaitFor(t, 20*time.Second, "alice's idle session to expire at the proxy", func() bool {
+		_, held := adminSession(t, caddy, alice.SessionID)
+		return !held
+	})
 	mallory := alice.WithHeader(cred("Authorization", "Bearer mallory"))
 
 	t.Run("GET resume", func(t *testing.T) {

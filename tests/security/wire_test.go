@@ -309,8 +309,8 @@ func TestPartlyAnsweredBatch(t *testing.T) {
 		w.WriteHeader(200)
 		io.WriteString(w, "data: {\"jsonrpc\":\"2.0\",\"id\":\"a\",\"result\":{}}\n\n")
 		http.NewResponseController(w).Flush()
-		time.Sleep(50 * time.Millisecond)
-		panic(http.ErrAbortHandler) // the upstream breaks before answering b
+		time.Sleep(50 * time.Millisecond) // the upstream's own pace: a's answer is on its way before the break
+		panic(http.ErrAbortHandler)       // the upstream breaks before answering b
 	})
 	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, h), ""))
 	cl := mustInit(t, newClient(c.Base(), "2025-03-26", nil))
@@ -368,7 +368,7 @@ func TestStandaloneResumeDoesNotDependOnTheUpstream(t *testing.T) {
 				for i := 1; i <= 8; i++ {
 					fmt.Fprintf(w, "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{\"level\":\"info\",\"data\":%d}}\n\n", i)
 					http.NewResponseController(w).Flush()
-					time.Sleep(30 * time.Millisecond)
+					time.Sleep(30 * time.Millisecond) // the upstream's pace: the client leaves after 3, mid-stream
 				}
 			})
 			c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, h), ""))

@@ -108,7 +108,7 @@ func TestSoakDisconnectResume(t *testing.T) {
 					for _, p := range pauseAt {
 						if p == seen && !tr.Done {
 							st.pauses++
-							time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond)
+							time.Sleep(time.Duration(200+rng.IntN(800)) * time.Millisecond) // the load: a reader that pauses
 						}
 					}
 					for _, k := range cutAt {
@@ -121,7 +121,7 @@ func TestSoakDisconnectResume(t *testing.T) {
 						}
 						s.Close()
 						st.cuts++
-						time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+						time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond) // the load: a client away a while before it resumes
 						if s, err = cl.ResumeStream(tr.LastID, 20*time.Second); err != nil {
 							st.err = fmt.Errorf("session %s (%s) call %d: resume from %s: %w", cl.SessionID, st.version, id, tr.LastID, err)
 							return
