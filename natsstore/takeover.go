@@ -83,6 +83,10 @@ func (s *stream) dropWriter(why error) {
 	w := s.w
 	s.w = nil
 	s.mu.Unlock()
+	// Opened here or not, others may have stored to it since (the sweeper,
+	// a takeover while this replica was cut off): the next writer reads
+	// where it stands from JetStream, not from this replica's memory.
+	s.fresh.Store(false)
 	if w != nil {
 		w.mu.Lock()
 		w.superseded = true

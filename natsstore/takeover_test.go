@@ -215,3 +215,67 @@ func TestARequestProducerCutOffStopsIfItCanBeTakenOver(t *testing.T) {
 	}
 	t.Logf("A stopped %v after the cut, B took over %v after it", stoppedAfter, tookAfter)
 }
+
+// The only replica is cut off while it produces a stream with an upstream
+// cursor and its client's reader is fed here: its producer stops, no one
+// takes over, and once NATS is back the same replica takes the stream back
+// for that reader. Its writer must learn from JetStream where the stream
+// stands (the stream was opened here, but its own fence and the old batches
+// are stored since); it went on expecting its own last message and every
+// takeover of its own stream conflicted.
+func TestTheReplicaCutOffTakesItsOwnStreamBack(t *testing.T) {
+	ns := testnet.NATS(t)
+	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	a := openAt(t, []string{"nats://" + link.addr()}, func(o *Options) { o.LeaseTTL = 2 * time.Second; o.TakeoverWait = time.Hour })
+	sa, err := a.CreateSession("own", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	p := claim(t, str)
+	rd, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	produceWithCursor(t, str, 1, 2)
+	if _, err := readSeqs(t, rd, sa.Epoch(), 1, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+
+	link.cut()
+	select {
+	case <-p.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the producer cut off did not stop")
+	}
+	p.Done()
+	link.mend()
+	waitUntil(t, "the replica to reach NATS again", 20*time.Second, func() bool { return a.Available() == nil })
+
+	var taken buffer.Producer
+	waitUntil(t, "the replica to take its own stream back", 20*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		if p, _, err := str.(buffer.Takeover).TakeOver(ctx); err == nil {
+			taken = p
+		} else if errors.Is(err, errConflict) {
+			t.Fatalf("takeover of its own stream: %v", err)
+		}
+		return taken != nil
+	})
+	defer taken.Done()
+	if got := str.UpstreamCursor(); got != "up-2" {
+		t.Fatalf("resumes the upstream from %q, want up-2", got)
+	}
+	appendEvents(t, str, 3, 4)
+	if _, err := readSeqs(t, rd, sa.Epoch(), 1, 3, 2); err != nil {
+		t.Fatalf("the reader after the takeover: %v", err)
+	}
+	str.Complete()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if _, err := rd.Read(ctx, nil, 1<<20, time.Hour); !errors.Is(err, io.EOF) {
+		t.Fatalf("after Complete: %v, want EOF", err)
+	}
+}

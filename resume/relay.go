@@ -45,6 +45,39 @@ type relay struct {
 	// its producer gone (a shared store's producer replica died): this
 	// replica may take the upstream read over (takeover.go).
 	takeover func()
+	// tookOverAt and takeoverPause pace repeated attempts: a reader that
+	// finds the producer still gone right after one (NATS still out of
+	// reach, another replica in the middle of its own) is not a reason to
+	// try again at once.
+	tookOverAt    time.Time
+	takeoverPause time.Duration
+}
+
+// Bounds of the pause between two takeover attempts of one relay.
+const (
+	takeoverPauseMin = 100 * time.Millisecond
+	takeoverPauseMax = 2 * time.Second
+)
+
+// paceTakeover waits, if the last attempt was recent, until the next may
+// run; false means the client went meanwhile.
+func (rl *relay) paceTakeover(ctx context.Context) bool {
+	if !rl.tookOverAt.IsZero() {
+		if wait := rl.takeoverPause - time.Since(rl.tookOverAt); wait > 0 {
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return false
+			case <-t.C:
+			}
+		}
+		rl.takeoverPause = min(2*rl.takeoverPause, takeoverPauseMax)
+	} else {
+		rl.takeoverPause = takeoverPauseMin
+	}
+	rl.tookOverAt = time.Now()
+	return true
 }
 
 func (h *Engine) newRelay(w http.ResponseWriter, sess buffer.Session, stream buffer.Stream, rd buffer.Reader) *relay {
@@ -83,6 +116,7 @@ func (rl *relay) run(ctx context.Context) {
 			}
 			rl.rd.Delivered(b.Last)
 			rl.delivered = b.Last
+			rl.tookOverAt = time.Time{} // events flow: a later death is paced afresh
 			if rl.replayUpTo > 0 && b.First <= rl.replayUpTo {
 				replayed.Add(float64(min(b.Last, rl.replayUpTo) - b.First + 1))
 			}
@@ -113,6 +147,9 @@ func (rl *relay) run(ctx context.Context) {
 			// takeover (here or on another replica) stores, or the
 			// sweeper's explicit failure.
 			if rl.takeover != nil {
+				if !rl.paceTakeover(ctx) {
+					return
+				}
 				rl.takeover()
 			}
 		case errors.Is(err, buffer.ErrBelowFloor):
