@@ -196,6 +196,15 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 		case p == http.ErrAbortHandler:
 			res.broken = true
 		case p != nil:
+			// A bug of the next handler (an in-process SDK server): its
+			// stream fails loudly, so the relay ends (the client gets the
+			// gap and the errors) and the deferred close does not wait for
+			// it forever; the panic goes on to net/http's recovery.
+			if tw.tapping && t.stream != nil {
+				t.h.logger.Error("the upstream handler panicked: its stream fails", zap.String("session", t.sess.ID()),
+					zap.Uint32("stream", t.stream.Num()), zap.Any("panic", p))
+				t.fail(policy.ReasonUpstreamFailed)
+			}
 			panic(p)
 		}
 		if res.tapped && !res.broken && t.failure == nil && res.proxied == nil {

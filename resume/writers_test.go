@@ -273,3 +273,38 @@ func TestRelay(t *testing.T) {
 		t.Fatalf("taken-over stream: %+v, want the result and the end", evs)
 	}
 }
+
+// A next handler that panics while its SSE response is tapped (an
+// in-process SDK server's bug) fails its stream loudly and the panic goes
+// on to net/http: the request does not hang waiting for the relay of a
+// stream nothing will end.
+func TestAPanickingUpstreamFailsItsStream(t *testing.T) {
+	t.Parallel()
+	h := testHandler(t)
+	newSession(t, h, "2025-11-25")
+	next := NextHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "data: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n")
+		http.NewResponseController(w).Flush()
+		panic("the tool broke")
+	}))
+	rec := httptest.NewRecorder()
+	recovered := make(chan any, 1)
+	go func() {
+		defer func() { recovered <- recover() }()
+		h.ServeHTTP(rec, post("1"), next)
+	}()
+	select {
+	case p := <-recovered:
+		if p != "the tool broke" {
+			t.Fatalf("recovered %v, want the handler's panic", p)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request hangs after its upstream handler panicked")
+	}
+	evs := events(t, rec.Body.String())
+	if len(evs) < 2 || !strings.Contains(evs[0].Data, "notifications/progress") || !strings.Contains(rec.Body.String(), "-32010") {
+		t.Fatalf("the client got %q, want the progress then the failure", rec.Body.String())
+	}
+}
