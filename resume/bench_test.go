@@ -95,16 +95,18 @@ func sizeLabel(n int) string {
 // same call through the engine. Their difference is what the engine adds
 // to a call; allocs/op is steady on a loaded machine, ns/op is not.
 func BenchmarkShortCall(b *testing.B) {
+	id := 0 // the call's request id, also in its result
 	upstream := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header().Set("Content-Type", "text/event-stream")
 		w.WriteHeader(http.StatusOK)
 		io.WriteString(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1,\"total\":1,\"message\":\"step 1 of 1\"}}\n\n")
 		http.NewResponseController(w).Flush()
-		io.WriteString(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"counted to 1\"}]}}\n\n")
+		fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":%d,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"counted to 1\"}]}}\n\n", id)
 	})
-	body := `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"count","arguments":{"n":1},"_meta":{"progressToken":1}}}`
 	request := func() *http.Request {
+		id++ // a new call each time: a repeated one is answered from its stream
+		body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"count","arguments":{"n":1},"_meta":{"progressToken":1}}}`, id)
 		r := httptest.NewRequest("POST", "/mcp", strings.NewReader(body))
 		r.Header.Set("Content-Type", "application/json")
 		r.Header.Set("Accept", "application/json, text/event-stream")

@@ -6,6 +6,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"errors"
+	"hash"
 	"io"
 	"net/http"
 	"net/url"
@@ -31,7 +32,8 @@ const maxRefusalBody = 64 << 10
 // of a binding: every entry but bearer. A header name (bind_headers) hashes
 // as it always has, so sessions bound before bind existed still match.
 func (h *Engine) identity(r *http.Request, bind []string) [32]byte {
-	mac := hmac.New(sha256.New, h.rt.store.Key())
+	mac := h.mac()
+	defer h.rt.macs.Put(mac)
 	for _, entry := range bind {
 		switch {
 		case entry == BindBearer:
@@ -54,6 +56,25 @@ func (h *Engine) identity(r *http.Request, bind []string) [32]byte {
 	var fp [32]byte
 	mac.Sum(fp[:0])
 	return fp
+}
+
+// keyedMAC is an HMAC-SHA256 under the store's key, kept for reuse in
+// Runtime.macs: every request hashes its identity, and making a hasher
+// costs six allocations.
+type keyedMAC struct {
+	key []byte
+	hash.Hash
+}
+
+// mac returns a reset hasher under the store's key; the caller puts it
+// back in h.rt.macs once done.
+func (h *Engine) mac() *keyedMAC {
+	key := h.rt.store.Key()
+	if m, _ := h.rt.macs.Get().(*keyedMAC); m != nil && bytes.Equal(m.key, key) {
+		m.Reset()
+		return m
+	}
+	return &keyedMAC{key: key, Hash: hmac.New(sha256.New, key)}
 }
 
 // HeaderPlaceholders replaces the placeholders in s the way Caddy does for
@@ -87,9 +108,10 @@ func (h *Engine) credential(r *http.Request) buffer.Credential {
 	c := buffer.Credential{Hash: h.credentialHash(r)}
 	if values := r.Header.Values("Authorization"); len(values) == 1 {
 		if iss, sub, ok := bearer.Subject(values[0]); ok {
-			mac := hmac.New(sha256.New, h.rt.store.Key())
+			mac := h.mac()
 			mac.Write([]byte("principal\x00" + iss + "\x00" + sub))
 			mac.Sum(c.Principal.Hash[:0])
+			h.rt.macs.Put(mac)
 			c.Principal.Known = true
 		}
 	}
@@ -104,7 +126,8 @@ func (h *Engine) credentialHash(r *http.Request) (sum [32]byte) {
 	if len(values) == 0 {
 		return sum
 	}
-	mac := hmac.New(sha256.New, h.rt.store.Key())
+	mac := h.mac()
+	defer h.rt.macs.Put(mac)
 	mac.Write([]byte("bearer\x00"))
 	for _, v := range values {
 		mac.Write([]byte(v))

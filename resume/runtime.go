@@ -39,6 +39,8 @@ type Runtime struct {
 	// remember the standalone GETs this runtime closed (standalone.go).
 	adoptions  adoptions
 	closedGETs closedGETs
+	// macs keeps keyed hashers for the bindings' hashes (credentials.go).
+	macs sync.Pool
 }
 
 // NewRuntime returns a runtime on st, or, with st nil, one whose store
