@@ -83,7 +83,7 @@ func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, si
 	if !sess.AdmitStream() {
 		return h.refuse(w, refuseMaxStreams, to{id: ids[0], sid: sid})
 	}
-	if served := h.serveRepeat(w, r, sess, ids, key); served {
+	if served := h.serveRepeat(w, r, next, sess, ids, key); served {
 		return nil
 	}
 	return h.serveCall(w, r, next, sess, sess.Meta().Version, ids, key)
@@ -108,7 +108,9 @@ func requestKey(ids []string, body []byte) [32]byte {
 // the stream of the first, if it is retained from its start, instead of
 // running the tool twice. The replay is a resume from 0: everything is
 // acknowledged as not delivered, so nothing the replay still needs can go.
-func (h *Engine) serveRepeat(w http.ResponseWriter, r *http.Request, sess buffer.Session, ids []string, key [32]byte) bool {
+// If the stream's producer is gone (its replica died), the repeat may take
+// the upstream read over, as a resume would.
+func (h *Engine) serveRepeat(w http.ResponseWriter, r *http.Request, next Next, sess buffer.Session, ids []string, key [32]byte) bool {
 	stream, ok := sess.StreamByKey(key)
 	if !ok {
 		return false
@@ -129,6 +131,7 @@ func (h *Engine) serveRepeat(w http.ResponseWriter, r *http.Request, sess buffer
 	w.WriteHeader(http.StatusOK)
 	rl := h.newRelay(w, sess, stream, rd)
 	rl.replayUpTo = stream.View().Head
+	rl.takeover = func() { h.takeOver(r, next, sess, stream) }
 	if rl.write(priming(sess.Meta().Version, sess.Epoch(), stream.Num(), 1)) {
 		rl.run(r.Context())
 	} else {
