@@ -57,8 +57,8 @@ func Available(st Store) error {
 // Takeover is a request Stream of a shared store, whose producer (the
 // replica reading its upstream response) can die while the stream lives:
 // another replica can then take the upstream read over from the stream's
-// upstream cursor. Its contract needs two replicas of one store, which
-// storetest's kit does not make: natsstore's takeover_test.go runs it.
+// upstream cursor. storetest checks what one replica shows; what two
+// replicas race for, natsstore's takeover_test.go.
 type Takeover interface {
 	// TakeOver hands this replica the producer role of the live stream,
 	// whose producer is gone (its lease lapsed), as TakeProducer does

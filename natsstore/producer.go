@@ -187,6 +187,14 @@ func (s *stream) producerDone() {
 		// lets the lease go, so the call is taken over (here too) as soon
 		// as NATS is back, not only once the lease lapsed.
 		go s.sess.st.release(s.key)
+	} else if rec, ok := s.record(); ok && rec.State == policy.Live && s.sess.st.holds(s.key) {
+		// Done with the stream unended (its end is written with the
+		// lease's release otherwise): no upstream response feeds it any
+		// more, so the role goes now. Kept, the renewals would go on for a
+		// stream no one produces, and neither a takeover (this replica's
+		// own included) nor the sweeper's failure could ever come: its
+		// clients would wait in silence.
+		go s.sess.st.release(s.key)
 	}
 	s.changed.fire()
 }

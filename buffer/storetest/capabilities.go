@@ -20,7 +20,89 @@ var capabilityContracts = []contract{
 	{"BatchAppenderFallback", testBatchFallback},
 	{"BatchAppenderStopsAtABlockedEntry", testBatchStops},
 	{"Availability", testAvailability},
+	{"TakeoverOnOneReplica", testTakeoverCapability},
 	{"Inspector", testInspector},
+}
+
+// A request stream's producer goes without ending it (its upstream read
+// stopped: the replica was cut off): once its role has lapsed (at once, or
+// a lease TTL later), exactly one TakeOver succeeds, from the stored
+// upstream cursor, and what the new producer appends follows the stored
+// head for the reader already attached; a running producer, a second
+// taker and an ended stream are refused. What two replicas race for is
+// natsstore's takeover_test.go.
+func testTakeoverCapability(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	str := MustStream(t, MustSession(t, st, "s1"), "1")
+	to, ok := str.(buffer.Takeover)
+	if !ok {
+		t.Skip("the store's streams are no Takeover")
+	}
+	p := MustProduce(t, str)
+	for seq := uint64(1); seq <= 2; seq++ {
+		if _, err := str.Append(context.Background(), entry(seq, "u"+strconv.FormatUint(seq, 10))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rd, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	evs, err := ReadUntil(t, rd, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	CheckSeqs(t, evs, 1, EvSize)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	if _, _, err := to.TakeOver(ctx); err == nil {
+		t.Fatal("TakeOver succeeded while the producer runs")
+	}
+	cancel()
+
+	p.Done() // gone, the stream unended
+	var taken buffer.Producer
+	gone := time.Now()
+	for taken == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		p, who, err := to.TakeOver(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			if who.Current == "" {
+				t.Errorf("succession %+v names no current producer", who)
+			}
+			taken = p
+		case time.Since(gone) > time.Minute: // a lease TTL (15s by default) and its expiry
+			t.Fatalf("the lapsed role not taken over after %v: %v", time.Since(gone), err)
+		default:
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	t.Logf("taken over %v after its producer went", time.Since(gone).Round(time.Millisecond))
+	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+	if _, _, err := to.TakeOver(ctx); err == nil {
+		t.Fatal("a second TakeOver succeeded")
+	}
+	cancel()
+	if got := str.UpstreamCursor(); got != "u2" {
+		t.Fatalf("the taker resumes the upstream from %q, want u2", got)
+	}
+	if seq, err := str.Append(context.Background(), entry(3, "u3")); err != nil || seq != 3 {
+		t.Fatalf("the taker's append: seq %d, %v; want 3", seq, err)
+	}
+	evs, err = ReadUntil(t, rd, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	CheckSeqs(t, evs, 3, EvSize)
+	str.Complete()
+	taken.Done()
+	ctx, cancel = context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, _, err := to.TakeOver(ctx); !errors.Is(err, buffer.ErrStreamEnded) {
+		t.Fatalf("TakeOver of an ended stream: %v, want ErrStreamEnded", err)
+	}
 }
 
 // plainStream hides every capability of the stream it wraps.
