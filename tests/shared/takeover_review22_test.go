@@ -1,0 +1,281 @@
+package shared
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
+	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
+	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
+	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
+)
+
+// Attacks on the takeover (issue 22), review22.
+
+// takeoverLines counts the "request stream taken over" lines r logged.
+func takeoverLines(r *replica) int {
+	return strings.Count(r.Logs(), `"request stream taken over"`)
+}
+
+// The replica producing a call freezes (SIGSTOP: a VM stall, a long GC
+// pause) with its upstream POST response open, the client's connection cut
+// first. Its lease lapses; the client resumes on B, which takes the call
+// over. The official Go SDK server allows one connection per stream and
+// answers B's GET with 409 while the frozen replica's response is open:
+// a conflict the proxy caused itself, not a refusal of the resume. The
+// frozen replica thaws a few seconds later, finds its lease gone and
+// closes its response. The upstream still has every event: the call
+// should go on (every progress once, and the result), as the standalone
+// stream rides out the same 409 (TestFrozenProducerReplicaIsNotA409ForTheClient).
+func TestTakeoverFromAFrozenProducerRidesOutTheUpstreams409(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	a, b := d.replicas[0], d.replicas[1]
+	const n = 30
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 300})
+	first := harness.ReadEvents(t, resp, 4) // priming, three progress notifications
+	resp.Body.Close()
+
+	if err := syscall.Kill(a.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	var thawOnce sync.Once
+	thaw := func() { thawOnce.Do(func() { syscall.Kill(a.Pid(), syscall.SIGCONT) }) }
+	t.Cleanup(thaw)
+	time.Sleep(3 * time.Second) // lease_ttl 2s: A's lease lapsed
+	time.AfterFunc(3*time.Second, thaw)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	resp = cb.Resume(first[len(first)-1].ID)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("resume on B: %d", resp.StatusCode)
+	}
+	rest := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	p1, _, _ := callEvents(t, first, "2")
+	p2, result, errs := callEvents(t, rest, "2")
+	if err := mcptest.OnceInOrder(append(p1, p2...), len(p1)+len(p2)); err != nil {
+		t.Fatal(err)
+	}
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("the call taken over from a frozen replica: result %q, errors %q after %d progress notifications; "+
+			"B's takeovers: resumed %v, refused %v (the upstream's 409 was the frozen replica's own open response)",
+			result, errs, len(p1)+len(p2),
+			series(t, b, `caddy_mcp_resume_takeovers_total{outcome="resumed"}`),
+			series(t, b, `caddy_mcp_resume_takeovers_total{outcome="refused"}`))
+	}
+}
+
+// The producer dies, its client was cut before; the client then resumes on
+// B and on C at the same moment (two connections: a retry racing the
+// first attempt, two tabs). Exactly one replica takes the call over (the
+// lease decides), and no event reaches a client twice: the connection that
+// reads to the end gets every progress notification once and the result.
+func TestTakeoverRacedOnTwoReplicasHasOneProducer(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 3, storeNATS(natsURLs(ns), "takeover_wait 30s"), demoserver.Options{EventStore: true})
+	a, b, c := d.replicas[0], d.replicas[1], d.replicas[2]
+	const n = 20
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
+	first := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	type got struct {
+		evs []mcptest.Event
+		err error
+	}
+	results := make([]got, 2)
+	var wg sync.WaitGroup
+	for i, r := range []*replica{b, c} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := mcptest.NewClient("http://"+r.addr(), "2025-11-25", &http.Client{Timeout: 30 * time.Second})
+			cl.SessionID = ca.SessionID
+			resp, err := cl.Resume(context.Background(), first[len(first)-1].ID)
+			if err != nil {
+				results[i].err = err
+				return
+			}
+			defer resp.Body.Close()
+			results[i].evs, results[i].err = mcptest.ReadEvents(resp.Body, 0, 25*time.Second)
+		}()
+	}
+	wg.Wait()
+	if tb, tc := takeoverLines(b), takeoverLines(c); tb+tc != 1 {
+		t.Errorf("takeovers logged: B %d, C %d, want exactly one in all", tb, tc)
+	}
+	p1, _, _ := callEvents(t, first, "2")
+	complete := 0
+	for i, g := range results {
+		p2, result, errs := callEvents(t, g.evs, "2")
+		all := append(append([]float64(nil), p1...), p2...)
+		if err := mcptest.OnceInOrder(all, len(all)); err != nil {
+			t.Errorf("connection %d: %v", i, err)
+		}
+		if len(errs) > 0 {
+			t.Errorf("connection %d: errors %q", i, errs)
+		}
+		if result != "" {
+			complete++
+			if err := mcptest.OnceInOrder(all, n); err != nil {
+				t.Errorf("connection %d with the result: %v", i, err)
+			}
+		}
+		t.Logf("connection %d: %d events, result %q, read error %v", i, len(g.evs), result, g.err)
+	}
+	if complete == 0 {
+		t.Error("no connection got the result")
+	}
+}
+
+// jwtDeployment is two replicas in front of the demo server (with its
+// event store) behind bearer middleware that verifies iss's tokens.
+func jwtDeployment(t *testing.T, iss *mcptest.JWTIssuer, storeA, storeB string) (*replica, *replica) {
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", iss.Protect(demoserver.New(demoserver.Options{EventStore: true})))
+	d := &deployment{t: t, upstream: harness.StartHandler(t, mux)}
+	return d.start("r1", storeA, true), d.start("r2", storeB, true)
+}
+
+func bearer(tok string) http.Header { return http.Header{"Authorization": {"Bearer " + tok}} }
+
+// The producer dies mid call; the client's token expired meanwhile, and
+// the client does not know it yet (SDK clients refresh on a 401): it
+// resumes on B with the token the session is bound to, which the proxy
+// answers from the log without asking the upstream (README, bind bearer).
+// B's takeover GET carries that expired token: the upstream's 401 must
+// not end the call for good (the client never sees the 401 that would make
+// it refresh). Either the resume is answered with the 401 (the client
+// refreshes and resumes again, and B takes over with the fresh token), or
+// the call goes on: every progress notification once, and the result.
+func TestTakeoverWithAnExpiredTokenLetsTheClientRefresh(t *testing.T) {
+	ns := testnet.NATS(t)
+	iss := mcptest.NewJWTIssuer("https://as.example.test")
+	store := storeNATS(natsURLs(ns), "")
+	a, b := jwtDeployment(t, iss, store, store)
+
+	const n = 25
+	hc := &http.Client{Timeout: 30 * time.Second}
+	viaA := mcptest.NewClient("http://"+a.addr(), "2025-11-25", hc)
+	viaA.Header = bearer(iss.Mint("alice", 3*time.Second))
+	ctx := t.Context()
+	if err := viaA.Initialize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := viaA.Call(ctx, 2, "count", map[string]any{"n": n, "interval_ms": 300}, "p")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("call: %v %v", err, resp)
+	}
+	first := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(5 * time.Second) // the token expired; the lease lapsed
+
+	viaB := *viaA
+	viaB.URL = "http://" + b.addr() + "/mcp"
+	resp, err = viaB.Resume(ctx, first[len(first)-1].ID) // the expired token: the client does not know yet
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rest []mcptest.Event
+	refreshed := false
+	if resp.StatusCode == http.StatusUnauthorized {
+		resp.Body.Close()
+		refreshed = true
+		viaB.Header = bearer(iss.Mint("alice", time.Minute))
+		if resp, err = viaB.Resume(ctx, first[len(first)-1].ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("resume on B: %d (refreshed: %v)", resp.StatusCode, refreshed)
+	}
+	rest = harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	p1, _, _ := callEvents(t, first, "2")
+	p2, result, errs := callEvents(t, rest, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("resume with the token the session is bound to, expired (refreshed after a 401: %v): result %q, errors %q; "+
+			"B's takeovers refused %v (the upstream's 401 to the takeover's GET ended the call; the client never got it to refresh)",
+			refreshed, result, errs, series(t, b, `caddy_mcp_resume_takeovers_total{outcome="refused"}`))
+	}
+	if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The only replica is cut off from NATS while a call runs and its client
+// stays connected; the token the call began with expires during the cut,
+// but the client brought a refreshed one (same subject) on a request of
+// the session before it expired. Back, the replica takes its own call back
+// (TestTakeoverByTheSameReplicaAfterAPartition): its GET must carry the
+// freshest credential a client of the session brought (issue 22, item 2),
+// not the call's first POST's expired one, or the upstream's 401 fails a
+// call that could go on.
+func TestTakeoverByTheSameReplicaUsesTheSessionsFreshestToken(t *testing.T) {
+	ns := testnet.NATS(t)
+	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
+	relay, err := mcptest.NewRelay(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	iss := mcptest.NewJWTIssuer("https://as.example.test")
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", iss.Protect(demoserver.New(demoserver.Options{EventStore: true})))
+	d := &deployment{t: t, upstream: harness.StartHandler(t, mux)}
+	a := d.start("r1", storeNATS([]string{"nats://" + relay.Addr()}, ""), true)
+
+	const n = 40
+	hc := &http.Client{Timeout: 60 * time.Second}
+	cl := mcptest.NewClient("http://"+a.addr(), "2025-11-25", hc)
+	cl.Header = bearer(iss.Mint("alice", 3*time.Second))
+	ctx := t.Context()
+	if err := cl.Initialize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cl.Call(ctx, 2, "count", map[string]any{"n": n, "interval_ms": 250}, "p")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("call: %v %v", err, resp)
+	}
+	defer resp.Body.Close()
+	first := harness.ReadEvents(t, resp, 3)
+	// The client refreshes its token and uses it on the session (a ping).
+	fresh := *cl
+	fresh.Header = bearer(iss.Mint("alice", time.Minute))
+	pr, err := fresh.Do(ctx, "POST", `{"jsonrpc":"2.0","id":90,"method":"ping"}`, nil)
+	x := harness.MustFinish(t, pr, err)
+	if x.Status != http.StatusOK {
+		t.Fatalf("ping with the refreshed token: %s", x)
+	}
+	relay.SetTarget("127.0.0.1:1")
+	if relay.Cut(true) == 0 {
+		t.Fatal("the relay cut no NATS connection")
+	}
+	a.waitStoreUp(t, 0)
+	time.Sleep(6 * time.Second) // 3 x lease_ttl; the call's first token expired
+	relay.SetTarget(real)
+
+	rest := harness.ReadEvents(t, resp, 0)
+	p1, _, _ := callEvents(t, first, "2")
+	p2, result, errs := callEvents(t, rest, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("the call taken back after the cut: result %q, errors %q; takeovers refused %v (the takeover's GET carried the call's first, expired token, not the refreshed one the session is bound to now)",
+			result, errs, series(t, a, `caddy_mcp_resume_takeovers_total{outcome="refused"}`))
+	}
+	if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
+		t.Fatal(err)
+	}
+}
