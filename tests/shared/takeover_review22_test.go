@@ -279,3 +279,149 @@ func TestTakeoverByTheSameReplicaUsesTheSessionsFreshestToken(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The producer dies; the client resumes on B, which takes the call over;
+// the client is cut again after a few events and resumes on C while B
+// produces. C relays what B stores (B's producer lives: C does not take
+// over): every progress notification once, and the result.
+func TestTakeoverReadOnAThirdReplica(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 3, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	a, b, c := d.replicas[0], d.replicas[1], d.replicas[2]
+	const n = 25
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
+	first := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	resp = cb.Resume(first[len(first)-1].ID)
+	mid := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	cc := harness.NewRawClient(t, "http://"+c.addr(), "2025-11-25")
+	cc.SessionID = ca.SessionID
+	resp = cc.Resume(mid[len(mid)-1].ID)
+	rest := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+
+	var all []float64
+	for _, evs := range [][]mcptest.Event{first, mid, rest} {
+		p, _, _ := callEvents(t, evs, "2")
+		all = append(all, p...)
+	}
+	_, result, errs := callEvents(t, rest, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("read on C during B's takeover: result %q, errors %q", result, errs)
+	}
+	if err := mcptest.OnceInOrder(all, n); err != nil {
+		t.Fatal(err)
+	}
+	if takeoverLines(b) != 1 || takeoverLines(c) != 0 {
+		t.Fatalf("takeovers logged: B %d, C %d, want B 1, C 0", takeoverLines(b), takeoverLines(c))
+	}
+}
+
+// The producer dies; B takes the call over for the client that resumed
+// there; the session is DELETEd on C meanwhile. The client reading on B
+// learns it explicitly (an error for its request, no result), and B's
+// takeover stops: it asks the upstream nothing more, and holds nothing.
+func TestDeleteOnAThirdReplicaEndsATakeover(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 3, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	a, b, c := d.replicas[0], d.replicas[1], d.replicas[2]
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": 60, "interval_ms": 200})
+	first := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	resp = cb.Resume(first[len(first)-1].ID)
+	defer resp.Body.Close()
+	mid := harness.ReadEvents(t, resp, 3)
+	cc := harness.NewRawClient(t, "http://"+c.addr(), "2025-11-25")
+	cc.SessionID = ca.SessionID
+	if err := cc.Delete(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	rest := harness.ReadEvents(t, resp, 0)
+	_, result, errs := callEvents(t, append(mid, rest...), "2")
+	if result != "" || len(errs) != 1 {
+		t.Fatalf("the client reading B's takeover after a DELETE on C: result %q, errors %q, want one error", result, errs)
+	}
+	time.Sleep(time.Second)
+	before := strings.Count(b.Logs(), `"upstream reconnect"`)
+	time.Sleep(4 * time.Second)
+	if after := strings.Count(b.Logs(), `"upstream reconnect"`); after != before {
+		t.Errorf("B asked the upstream %d more times after the session was deleted", after-before)
+	}
+	ss, err := mcptest.Sessions(b.admin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range requestStreams(ss) {
+		if st.Producing {
+			t.Errorf("B still produces a stream of the deleted session: %+v", st)
+		}
+	}
+}
+
+// swappable is an upstream that can be replaced while it runs: an upstream
+// restart that forgets its sessions.
+type swappable struct {
+	mu sync.Mutex
+	h  http.Handler
+}
+
+func (s *swappable) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	h := s.h
+	s.mu.Unlock()
+	h.ServeHTTP(w, r)
+}
+
+func (s *swappable) swap(h http.Handler) {
+	s.mu.Lock()
+	s.h = h
+	s.mu.Unlock()
+}
+
+// The producer dies and the upstream restarts (it forgets the session and
+// its events) before the client comes back on B: B's takeover GET gets the
+// upstream's 404. The client must get the explicit failure at once (an
+// error for its request), never silence, and no progress twice.
+func TestTakeoverAfterTheUpstreamForgotTheSession(t *testing.T) {
+	ns := testnet.NATS(t)
+	up := &swappable{h: demoserver.New(demoserver.Options{EventStore: true})}
+	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
+	store := storeNATS(natsURLs(ns), "")
+	a, b := d.start("r1", store, true), d.start("r2", store, true)
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": 40, "interval_ms": 200})
+	first := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	a.Kill()
+	up.swap(demoserver.New(demoserver.Options{EventStore: true}))
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	start := time.Now()
+	resp = cb.Resume(first[len(first)-1].ID)
+	rest := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	p1, _, _ := callEvents(t, first, "2")
+	p2, result, errs := callEvents(t, rest, "2")
+	if result != "" || len(errs) != 1 {
+		t.Fatalf("a takeover the upstream answered 404: status %d, result %q, errors %q after %v, want one error",
+			resp.StatusCode, result, errs, time.Since(start))
+	}
+	if err := mcptest.OnceInOrder(append(p1, p2...), len(p1)+len(p2)); err != nil {
+		t.Fatal(err)
+	}
+}
