@@ -425,3 +425,40 @@ func TestTakeoverAfterTheUpstreamForgotTheSession(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The producer dies; the client resumes on B at another path under the
+// route (/mcp/, which the route /mcp* sends to the proxy: the proxy answers
+// a resume from its log whatever the path). B's takeover GET must go to
+// the endpoint the session began on, as the credential check's ping does
+// (README: "never the request's own path ... another endpoint's answer
+// says nothing of the session"): another endpoint's 404 is no verdict on
+// the session, yet it ends the call and deletes the session everywhere.
+func TestTakeoverAsksTheEndpointTheSessionBeganOn(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	a, b := d.replicas[0], d.replicas[1]
+	const n = 20
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
+	first := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	cb.URL += "/" // another path under the route
+	resp = cb.Resume(first[len(first)-1].ID)
+	rest := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	p1, _, _ := callEvents(t, first, "2")
+	p2, result, errs := callEvents(t, rest, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		ss, _ := mcptest.Sessions(b.admin())
+		t.Fatalf("a resume at %s of a session begun at /mcp: status %d, result %q, errors %q; sessions on B now: %d",
+			strings.TrimPrefix(cb.URL, "http://"+b.addr()), resp.StatusCode, result, errs, len(ss))
+	}
+	if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
+		t.Fatal(err)
+	}
+}
