@@ -462,3 +462,105 @@ func TestTakeoverAsksTheEndpointTheSessionBeganOn(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A takeover's producer dies too: A is killed, B takes the call over for
+// the client that resumed there, then B is killed, and the client resumes
+// on C, which takes it over from B (from the upstream cursor B stored):
+// every progress notification once, and the result.
+func TestTakeoverOfATakeover(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 3, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	a, b, c := d.replicas[0], d.replicas[1], d.replicas[2]
+	const n = 30
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
+	first := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	resp = cb.Resume(first[len(first)-1].ID)
+	mid := harness.ReadEvents(t, resp, 5)
+	resp.Body.Close()
+	b.Kill()
+	time.Sleep(3 * time.Second)
+
+	cc := harness.NewRawClient(t, "http://"+c.addr(), "2025-11-25")
+	cc.SessionID = ca.SessionID
+	resp = cc.Resume(mid[len(mid)-1].ID)
+	rest := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	var all []float64
+	for _, evs := range [][]mcptest.Event{first, mid, rest} {
+		p, _, _ := callEvents(t, evs, "2")
+		all = append(all, p...)
+	}
+	_, result, errs := callEvents(t, rest, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("the second takeover: result %q, errors %q", result, errs)
+	}
+	if err := mcptest.OnceInOrder(all, n); err != nil {
+		t.Fatal(err)
+	}
+	takenOver(t, c, false)
+}
+
+// A takes the call of a dead replica over (here: B is killed, the client
+// resumes on A), then A itself is cut off from NATS for three lease_ttl
+// while its client stays connected: the takeover's producer stops itself,
+// and once NATS is back A takes its own takeover back: every progress
+// notification once, and the result.
+func TestTakeoverCutOffFromNATSTakesItselfBack(t *testing.T) {
+	ns := testnet.NATS(t)
+	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
+	relay, err := mcptest.NewRelay(real)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { relay.Close() })
+	d := &deployment{t: t, upstream: harness.StartDemo(t, demoserver.Options{EventStore: true})}
+	a := d.start("r1", storeNATS([]string{"nats://" + relay.Addr()}, ""), true)
+	b := d.start("r2", storeNATS(natsURLs(ns), ""), true)
+	const n = 40
+	cb := harness.NewSession(t, "http://"+b.addr(), "2025-11-25")
+	resp := cb.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
+	first := harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	b.Kill()
+	time.Sleep(3 * time.Second)
+
+	ca := harness.NewRawClient(t, "http://"+a.addr(), "2025-11-25")
+	ca.HTTP.Timeout = 90 * time.Second
+	ca.SessionID = cb.SessionID
+	resp = ca.Resume(first[len(first)-1].ID)
+	defer resp.Body.Close()
+	mid := harness.ReadEvents(t, resp, 3)
+	relay.SetTarget("127.0.0.1:1")
+	if relay.Cut(true) == 0 {
+		t.Fatal("the relay cut no NATS connection")
+	}
+	a.waitStoreUp(t, 0)
+	time.Sleep(6 * time.Second)
+	relay.SetTarget(real)
+	rest, err := mcptest.ReadEvents(resp.Body, 0, 40*time.Second)
+	if err != nil {
+		t.Fatalf("reading the rest: %v (%d events)", err, len(rest))
+	}
+	var all []float64
+	for _, evs := range [][]mcptest.Event{first, mid, rest} {
+		p, _, _ := callEvents(t, evs, "2")
+		all = append(all, p...)
+	}
+	_, result, errs := callEvents(t, rest, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("a takeover cut off, taken back: result %q, errors %q after %d progress notifications", result, errs, len(all))
+	}
+	if err := mcptest.OnceInOrder(all, n); err != nil {
+		t.Fatal(err)
+	}
+	if got := takeoverLines(a); got != 2 {
+		t.Errorf("A logged %d takeovers, want 2 (B's call, then its own)", got)
+	}
+}
