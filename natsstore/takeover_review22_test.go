@@ -1,8 +1,11 @@
 package natsstore
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"testing"
 	"time"
@@ -72,5 +75,83 @@ func TestTakeoverAndTheSweepersEndOfAnOrphanExcludeEachOther(t *testing.T) {
 		if bad > 0 {
 			break
 		}
+	}
+}
+
+// A producer dies between the parts of an event (its first part stored,
+// the rest never), the upstream cursor stored with the event before; B
+// takes the stream over and the upstream's replay brings that event again,
+// whole. B's reader gets events 1..4 once each, event 4 as the takeover
+// stored it, never the abandoned part, then the end.
+func TestTakeoverAfterAProducerDeadMidEvent(t *testing.T) {
+	url := testnet.StockNATS(t).ClientURL()
+	mod := func(o *Options) { o.LeaseTTL = time.Second; o.TakeoverWait = time.Hour }
+	a, b := openAt(t, []string{url}, mod), openAt(t, []string{url}, mod)
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	claim(t, str)
+	produceWithCursor(t, str, 1, 3)
+	w := str.(*stream).currentWriter()
+	w.mu.Lock()
+	off, last := w.headOff, w.lastMsg
+	w.mu.Unlock()
+	p1 := part(str.(*stream).subject, 4, 1, 3, 3*a.partRoom, string(bytes.Repeat([]byte("p"), a.partRoom)))
+	p1.Header.Set(hdrOff, fmt.Sprint(off))
+	if _, err := a.storeMsgs([]outMsg{{msg: p1, id: str.(*stream).key + ".4.p1", part: 1, partial: true, last: 3, endOff: off}},
+		last, func() error { return nil }, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	crash(a)
+
+	sb := sessionOn(t, b, "sess")
+	stB, _ := sb.Stream(1)
+	rb, err := stB.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	if _, err := readSeqs(t, rb, sb.Epoch(), 1, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := rb.Read(ctx, nil, 1<<20, time.Hour); !errors.Is(err, buffer.ErrProducerGone) {
+		t.Fatalf("B's reader after A died mid event: %v, want ErrProducerGone", err)
+	}
+	if got := stB.UpstreamCursor(); got != "up-3" {
+		t.Errorf("upstream cursor %q, want up-3 (the last whole event's): a takeover cannot resume the upstream", got)
+	}
+	pb, _, err := stB.(buffer.Takeover).TakeOver(ctx)
+	if err != nil {
+		t.Fatalf("B's takeover: %v", err)
+	}
+	defer pb.Done()
+	big := bytes.Repeat([]byte("q"), 2*b.partRoom+100)
+	e := buffer.Entry{Fields: append(append([]byte("data: "), big...), '\n'), Upstream: "up-4"}
+	if seq, err := stB.Append(ctx, e); err != nil || seq != 4 {
+		t.Fatalf("B's append of event 4 again: %d %v", seq, err)
+	}
+	appendEvents(t, stB, 5, 5)
+	stB.Complete()
+	var got []byte
+	var seqs []uint64
+	for {
+		batch, err := rb.Read(ctx, nil, 8<<20, time.Hour)
+		for seq := batch.First; len(batch.Data) > 0 && seq <= batch.Last; seq++ {
+			seqs = append(seqs, seq)
+		}
+		for _, d := range batch.Data {
+			got = append(got, d...)
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil && !errors.Is(err, buffer.ErrProducerGone) {
+			t.Fatalf("B's reader after the takeover: %v (seqs %v)", err, seqs)
+		}
+	}
+	if fmt.Sprint(seqs) != "[4 5]" || bytes.Contains(got, []byte("ppp")) || !bytes.Contains(got, big) {
+		t.Fatalf("after the takeover: seqs %v, %d bytes, abandoned part in it: %v, event 4 whole: %v",
+			seqs, len(got), bytes.Contains(got, []byte("ppp")), bytes.Contains(got, big))
 	}
 }
