@@ -564,3 +564,60 @@ func TestTakeoverCutOffFromNATSTakesItselfBack(t *testing.T) {
 		t.Errorf("A logged %d takeovers, want 2 (B's call, then its own)", got)
 	}
 }
+
+// goroutines is the number of goroutines of r's process (Caddy's admin
+// API serves pprof).
+func goroutines(t *testing.T, r *replica) int {
+	t.Helper()
+	resp, err := http.Get(r.admin() + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var n int
+	if _, err := fmt.Fscanf(resp.Body, "goroutine profile: total %d", &n); err != nil {
+		t.Fatalf("goroutine profile: %v", err)
+	}
+	return n
+}
+
+// Takeover after takeover (A killed mid call, restarted, killed again...),
+// each call taken over by B for a client that resumed there and read it to
+// its end: B's goroutines come back to where they were; a takeover leaves
+// nothing running behind it.
+func TestTakeoversLeaveNoGoroutineBehind(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 2, storeNATS(natsURLs(ns), "takeover_wait 30s"), demoserver.Options{EventStore: true})
+	a, b := d.replicas[0], d.replicas[1]
+	const rounds = 4
+	var counts []int
+	for i := range rounds {
+		if i > 0 {
+			if err := a.Start(); err != nil {
+				t.Fatal(err)
+			}
+			a.waitStoreUp(t, 1)
+		}
+		ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+		resp := ca.Call(2, "count", map[string]any{"n": 10, "interval_ms": 100})
+		first := harness.ReadEvents(t, resp, 3)
+		resp.Body.Close()
+		a.Kill()
+		time.Sleep(2500 * time.Millisecond)
+		cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+		cb.SessionID = ca.SessionID
+		resp = cb.Resume(first[len(first)-1].ID)
+		rest := harness.ReadEvents(t, resp, 0)
+		resp.Body.Close()
+		if _, result, errs := callEvents(t, rest, "2"); result != "counted to 10" || len(errs) > 0 {
+			t.Fatalf("round %d: result %q, errors %q", i, result, errs)
+		}
+		cb.Reconnect()
+		time.Sleep(3 * time.Second) // reader entries, consumers and leases settle
+		counts = append(counts, goroutines(t, b))
+	}
+	t.Logf("B's goroutines after each takeover: %v", counts)
+	if grew := counts[rounds-1] - counts[0]; grew >= 3*(rounds-1) {
+		t.Fatalf("B's goroutines grew by %d over %d more takeovers: %v", grew, rounds-1, counts)
+	}
+}
