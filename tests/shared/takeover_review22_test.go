@@ -621,3 +621,31 @@ func TestTakeoversLeaveNoGoroutineBehind(t *testing.T) {
 		t.Fatalf("B's goroutines grew by %d over %d more takeovers: %v", grew, rounds-1, counts)
 	}
 }
+
+// The producing replica freezes (SIGSTOP) for two lease_ttl with its
+// client connected to it, then thaws: its lease lapsed, no other replica
+// was read (the client waited on its frozen connection), so the thawed
+// replica must take its own call back (its fence stops the old upstream
+// read, its relay's reader finds no producer): every progress once, and
+// the result, with the other replica's sweeper waiting takeover_wait.
+func TestFrozenProducerThawsAndTakesItsCallBack(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	a := d.replicas[0]
+	c := d.client("2025-11-25")
+	const n = 30
+	thawed := c.After(4, func() int {
+		if err := syscall.Kill(a.Pid(), syscall.SIGSTOP); err != nil {
+			t.Error(err)
+		}
+		time.Sleep(4 * time.Second)
+		syscall.Kill(a.Pid(), syscall.SIGCONT)
+		return 1
+	})
+	if got := callCount(t, c, n, 200); got != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("result %q", got)
+	}
+	<-thawed
+	assertOnceInOrder(t, c, n)
+	takenOver(t, a, true)
+}
