@@ -649,3 +649,77 @@ func TestFrozenProducerThawsAndTakesItsCallBack(t *testing.T) {
 	assertOnceInOrder(t, c, n)
 	takenOver(t, a, true)
 }
+
+// resendsBefore is an upstream whose replay resends the last events before
+// the Last-Event-ID it was given, and that event itself (README: "some
+// resend that event itself or a few before it"): the Go SDK server behind
+// it is asked from k events earlier.
+func resendsBefore(k int, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get("Last-Event-ID"); r.Method == http.MethodGet && id != "" {
+			if i := strings.LastIndexByte(id, '_'); i > 0 {
+				var n int
+				if _, err := fmt.Sscan(id[i+1:], &n); err == nil {
+					r.Header.Set("Last-Event-ID", fmt.Sprintf("%s_%d", id[:i], max(n-k, 0)))
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// The producer dies; its upstream's replay resends the event at the
+// cursor and one before it (same IDs, same content). The repeat filter
+// drops such repeats on the proxy's own reconnects; the takeover's replay
+// must not reach the client twice either (issue 22: "each event once:
+// repeats from the upstream's replay dropped"; DESIGN.md, Takeover).
+func TestTakeoverDropsWhatTheUpstreamsReplayRepeats(t *testing.T) {
+	ns := testnet.NATS(t)
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", resendsBefore(2, demoserver.New(demoserver.Options{EventStore: true})))
+	d := &deployment{t: t, upstream: harness.StartHandler(t, mux)}
+	store := storeNATS(natsURLs(ns), "")
+	a, b := d.start("r1", store, true), d.start("r2", store, true)
+	const n = 20
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
+	first := harness.ReadEvents(t, resp, 5) // priming, four progress notifications
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	resp = cb.Resume(first[len(first)-1].ID)
+	rest := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	p1, _, _ := callEvents(t, first, "2")
+	p2, result, errs := callEvents(t, rest, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("result %q, errors %q", result, errs)
+	}
+	if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
+		t.Fatalf("progress before the kill %v, after the takeover %v: %v", p1, p2, err)
+	}
+}
+
+// The control for the test above: the same upstream, whose stream the
+// proxy resumes itself (the call's stream closed by the server, SSE
+// polling): the repeat filter drops what the replay resends.
+func TestReconnectDropsWhatTheUpstreamsReplayRepeats(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", resendsBefore(2, demoserver.New(demoserver.Options{EventStore: true})))
+	d := &deployment{t: t, upstream: harness.StartHandler(t, mux)}
+	ns := testnet.NATS(t)
+	a := d.start("r1", storeNATS(natsURLs(ns), ""), true)
+	const n = 12
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	evs := ca.CallToEnd(2, "count", map[string]any{"n": n, "interval_ms": 100, "close_after": 5})
+	p, result, errs := callEvents(t, evs, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("result %q, errors %q", result, errs)
+	}
+	if err := mcptest.OnceInOrder(p, n); err != nil {
+		t.Fatal(err)
+	}
+}
