@@ -723,3 +723,59 @@ func TestReconnectDropsWhatTheUpstreamsReplayRepeats(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// NATS is out of reach for three lease_ttl (a NATS restart, a network
+// blip) while a call runs whose client is away (cut before, it comes back
+// later for the result). With an upstream without event IDs the producer
+// reads on and stores the rest once NATS is back
+// (TestPartitionLongerThanLeaseTTL). With an upstream that keeps its
+// events, the producer stops itself at 2/3 of lease_ttl so that another
+// replica could take over; none can (no client reads), and when NATS is
+// back no one takes the call back either, so after takeover_wait it is
+// failed, though the live replica had it and the upstream still has every
+// event. The upstream that keeps its events must not fare worse: the
+// client coming back after takeover_wait gets the rest and the result.
+func TestNATSOutageDoesNotFailACallWhoseClientIsAway(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		eventStore bool
+	}{{"upstream without event IDs", false}, {"upstream with an event store", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testnet.NATS(t)
+			real := strings.TrimPrefix(ns.ClientURL(), "nats://")
+			relay, err := mcptest.NewRelay(real)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { relay.Close() })
+			d := deploy(t, 1, storeNATS([]string{"nats://" + relay.Addr()}, "takeover_wait 3s"), demoserver.Options{EventStore: tc.eventStore})
+			a := d.replicas[0]
+			const n = 30
+			ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+			resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
+			first := harness.ReadEvents(t, resp, 4)
+			resp.Body.Close() // the client is away
+			relay.SetTarget("127.0.0.1:1")
+			if relay.Cut(true) == 0 {
+				t.Fatal("the relay cut no NATS connection")
+			}
+			a.waitStoreUp(t, 0)
+			time.Sleep(6 * time.Second)
+			relay.SetTarget(real)
+			a.waitStoreUp(t, 1)
+			time.Sleep(5 * time.Second) // past takeover_wait; the upstream has finished the call
+
+			resp = ca.Resume(first[len(first)-1].ID)
+			rest := harness.ReadEvents(t, resp, 0)
+			resp.Body.Close()
+			p1, _, _ := callEvents(t, first, "2")
+			p2, result, errs := callEvents(t, rest, "2")
+			if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+				t.Fatalf("the client back after a NATS outage: result %q, errors %q", result, errs)
+			}
+			if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
