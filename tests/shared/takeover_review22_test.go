@@ -779,3 +779,71 @@ func TestNATSOutageDoesNotFailACallWhoseClientIsAway(t *testing.T) {
 		})
 	}
 }
+
+// A JSON-RPC batch (2025-03-26) of two calls on one stream: the shorter is
+// answered, then the producer dies. B's takeover waits for the other one
+// only, and the client gets each call's progress once and each result
+// once: the one answered before the kill is not answered again (nor failed).
+func TestTakeoverOfABatchWithOneRequestAnswered(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	a, b := d.replicas[0], d.replicas[1]
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-03-26")
+	body := "[" + mcptest.CallBody(2, "count", map[string]any{"n": 3, "interval_ms": 100}, "short") + "," +
+		mcptest.CallBody(3, "count", map[string]any{"n": 20, "interval_ms": 200}, "long") + "]"
+	resp := ca.Request("POST", body, nil)
+	if resp.StatusCode != http.StatusOK || mcptest.MediaType(resp.Header) != "text/event-stream" {
+		x := harness.MustFinish(t, resp, nil)
+		t.Skipf("the upstream does not stream a batch: %s", x)
+	}
+	// Read until the short call's result, and two more events.
+	var first []mcptest.Event
+	for answered, after := false, 0; after < 2; {
+		evs := harness.ReadEvents(t, resp, 1)
+		first = append(first, evs...)
+		if m, err := mcptest.DecodeMessage(evs[0].Data); err == nil && string(m.ID) == "2" {
+			answered = true
+		} else if answered {
+			after++
+		}
+	}
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-03-26")
+	cb.SessionID = ca.SessionID
+	resp = cb.Resume(first[len(first)-1].ID)
+	rest := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	progress := map[string][]float64{}
+	answers := map[string]int{}
+	for _, ev := range append(first, rest...) {
+		if ev.Data == "" || ev.Type == "gap" {
+			continue
+		}
+		m, err := mcptest.DecodeMessage(ev.Data)
+		if err != nil {
+			t.Fatalf("event %s: %v", ev.ID, err)
+		}
+		switch {
+		case m.Method == "notifications/progress":
+			tok := fmt.Sprint(m.Params.ProgressToken)
+			progress[tok] = append(progress[tok], m.Params.Progress)
+		case len(m.ID) > 0:
+			answers[string(m.ID)]++
+			if m.Error != nil {
+				t.Errorf("request %s: error %s", m.ID, m.Error.Message)
+			}
+		}
+	}
+	if answers["2"] != 1 || answers["3"] != 1 {
+		t.Errorf("answers by request id: %v, want each once", answers)
+	}
+	for tok, n := range map[string]int{"short": 3, "long": 20} {
+		if err := mcptest.OnceInOrder(progress[tok], n); err != nil {
+			t.Errorf("progress of %s: %v", tok, err)
+		}
+	}
+	takenOver(t, b, false)
+}
