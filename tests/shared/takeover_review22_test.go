@@ -847,3 +847,39 @@ func TestTakeoverOfABatchWithOneRequestAnswered(t *testing.T) {
 	}
 	takenOver(t, b, false)
 }
+
+// The producer dies; the client, whose POST's response broke, sends the
+// same POST again on B (same id and body: an HTTP client's or an
+// application's retry), which the proxy answers from the retained stream
+// instead of running the tool twice (README, Repeated requests). That
+// reader finds the producer gone like a resume's does: the call must be
+// taken over for it, not left to wait in silence until takeover_wait ends
+// it with the failure.
+func TestTakeoverForARepeatedPOST(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 2, storeNATS(natsURLs(ns), "takeover_wait 5s"), demoserver.Options{EventStore: true})
+	a, b := d.replicas[0], d.replicas[1]
+	const n = 20
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
+	harness.ReadEvents(t, resp, 4)
+	resp.Body.Close()
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	start := time.Now()
+	resp = cb.Call(2, "count", map[string]any{"n": n, "interval_ms": 200}) // the same request again
+	evs := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	p, result, errs := callEvents(t, evs, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("the repeated POST on B after %v: result %q, errors %q after %d progress notifications; B logged %d takeovers, %d repeats served",
+			time.Since(start).Round(100*time.Millisecond), result, errs, len(p), takeoverLines(b),
+			strings.Count(b.Logs(), "repeated request answered from the retained stream"))
+	}
+	if err := mcptest.OnceInOrder(p, n); err != nil {
+		t.Fatal(err)
+	}
+}
