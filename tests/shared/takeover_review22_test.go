@@ -883,3 +883,41 @@ func TestTakeoverForARepeatedPOST(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A long tool call that sends nothing for a while (no progress yet: a
+// computation, a slow backend): the upstream's only event so far is its
+// priming event (2025-11-25: an ID, no data), which is the cursor a resume
+// needs (Last-Event-ID: that ID replays all that follows). The producer
+// dies in that silence; B must take the call over from that cursor, not
+// fail it at lease_ttl as if the upstream had no event IDs.
+func TestTakeoverBeforeTheFirstEventFromThePrimingCursor(t *testing.T) {
+	ns := testnet.NATS(t)
+	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	a, b := d.replicas[0], d.replicas[1]
+	const n = 3
+	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
+	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 5000})
+	first := harness.ReadEvents(t, resp, 1) // the proxy's priming event
+	resp.Body.Close()
+	time.Sleep(time.Second) // the upstream's priming event reached A
+	a.Kill()
+	time.Sleep(3 * time.Second)
+
+	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
+	cb.SessionID = ca.SessionID
+	cb.HTTP.Timeout = 60 * time.Second
+	resp = cb.Resume(first[0].ID)
+	rest, err := mcptest.ReadEvents(resp.Body, 0, 40*time.Second)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, result, errs := callEvents(t, rest, "2")
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("a call whose producer died before its first event: result %q, errors %q; B logged %d takeovers",
+			result, errs, takeoverLines(b))
+	}
+	if err := mcptest.OnceInOrder(p, n); err != nil {
+		t.Fatal(err)
+	}
+}
