@@ -921,3 +921,30 @@ func TestTakeoverBeforeTheFirstEventFromThePrimingCursor(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A rolling restart: the replica producing a call is stopped (SIGTERM)
+// with a drain_timeout shorter than the call; its client is cut by the
+// drain and resumes on the other replica, which takes the call over once
+// the draining replica hands it over (its lease released, the stream left
+// live): every progress notification once, and the result.
+func TestTakeoverInARollingRestart(t *testing.T) {
+	ns := testnet.NATS(t)
+	store := fmt.Sprintf("store nats {\n url %s\n lease_ttl 2s\n drain_timeout 1s\n}", ns.ClientURL())
+	d := deploy(t, 2, store, demoserver.Options{EventStore: true})
+	a, b := d.replicas[0], d.replicas[1]
+	c := d.client("2025-11-25")
+	const n = 30
+	stopped := c.After(5, func() int {
+		d.lb.SetTarget(b.addr())
+		if !a.Terminate(30 * time.Second) {
+			t.Error("A did not stop")
+		}
+		return 1
+	})
+	if got := callCount(t, c, n, 200); got != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("result %q", got)
+	}
+	<-stopped
+	assertOnceInOrder(t, c, n)
+	takenOver(t, b, false)
+}
