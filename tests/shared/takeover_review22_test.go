@@ -504,6 +504,17 @@ func TestTakeoverOfATakeover(t *testing.T) {
 	if err := mcptest.OnceInOrder(all, n); err != nil {
 		t.Fatal(err)
 	}
+	var withData []mcptest.Event // the resumes' priming events repeat the cursor's seq
+	for _, evs := range [][]mcptest.Event{first, mid, rest} {
+		for _, ev := range evs {
+			if ev.Data != "" {
+				withData = append(withData, ev)
+			}
+		}
+	}
+	if _, err := harness.CheckIDs(withData); err != nil {
+		t.Fatalf("the proxy's event IDs across two takeovers: %v", err)
+	}
 	takenOver(t, c, false)
 }
 
