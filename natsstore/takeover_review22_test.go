@@ -155,3 +155,79 @@ func TestTakeoverAfterAProducerDeadMidEvent(t *testing.T) {
 			seqs, len(got), bytes.Contains(got, []byte("ppp")), bytes.Contains(got, big))
 	}
 }
+
+// A producer stores the answer of the stream's only request and dies
+// before its end marker: B's takeover must see the request answered (its
+// view says so, from what is stored), so the engine completes the stream
+// instead of asking the upstream for an answer it already gave; a reader
+// gets the answer once, then the end.
+func TestTakeoverOfAStreamAnsweredButNotEnded(t *testing.T) {
+	urls := []string{testnet.NATS(t).ClientURL()}
+	mod := func(o *Options) { o.LeaseTTL = time.Second; o.TakeoverWait = time.Hour }
+	a, b := openAt(t, urls, mod), openAt(t, urls, mod)
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, err := sa.NewStream([]string{"7"}, [32]byte{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim(t, str)
+	produceWithCursor(t, str, 1, 2)
+	e := buffer.Entry{Fields: []byte("data: the answer\n"), Answers: []string{"7"}, Upstream: "up-3"}
+	if seq, err := str.Append(context.Background(), e); err != nil || seq != 3 {
+		t.Fatalf("append the answer: %d %v", seq, err)
+	}
+	str.(*stream).currentWriter().waitStored(10 * time.Second)
+	crash(a)
+
+	sb := sessionOn(t, b, "sess")
+	stB, _ := sb.Stream(1)
+	rb, err := stB.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	if _, err := readSeqs(t, rb, sb.Epoch(), 1, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var seqs []uint64
+	for {
+		batch, err := rb.Read(ctx, nil, 1<<20, time.Hour)
+		for seq := batch.First; len(batch.Data) > 0 && seq <= batch.Last; seq++ {
+			seqs = append(seqs, seq)
+		}
+		if errors.Is(err, buffer.ErrProducerGone) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("B's reader: %v", err)
+		}
+	}
+	p, _, err := stB.(buffer.Takeover).TakeOver(ctx)
+	if err != nil {
+		t.Fatalf("B's takeover: %v", err)
+	}
+	defer p.Done()
+	for _, q := range stB.View().Requests {
+		if q.AnsweredAt != 3 {
+			t.Fatalf("request %s after the takeover: answered at %d, want 3 (stored before the producer died)", q.ID, q.AnsweredAt)
+		}
+	}
+	stB.Complete()
+	for {
+		batch, err := rb.Read(ctx, nil, 1<<20, time.Hour)
+		for seq := batch.First; len(batch.Data) > 0 && seq <= batch.Last; seq++ {
+			seqs = append(seqs, seq)
+		}
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil && !errors.Is(err, buffer.ErrProducerGone) {
+			t.Fatalf("B's reader: %v", err)
+		}
+	}
+	if fmt.Sprint(seqs) != "[3]" {
+		t.Fatalf("after event 2: seqs %v, want [3]", seqs)
+	}
+}
