@@ -194,10 +194,21 @@ func (st *Store) hasCursor(key string, rec *streamRecord) bool {
 // only cut off cannot interleave. A client resuming on any replica gets
 // exactly that: never silence.
 func (st *Store) failOrphan(key string) {
-	ctx, cancel := st.opCtx()
-	defer cancel()
 	rec, _, ok := st.streams.get(key)
 	if !ok || rec.State != policy.Live {
+		return
+	}
+	// Under the producer's lease, as a takeover is: the two exclude each
+	// other. Without it a takeover could load the stream between the
+	// failure's signals and its end, fence it, and produce a stream the
+	// sweeper then ends.
+	if got, err := st.acquire(key, nil); err != nil || !got {
+		return // a takeover (or another sweeper) has it
+	}
+	defer st.release(key)
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	if rec, _, ok = st.streams.get(key); !ok || rec.State != policy.Live {
 		return
 	}
 	subject := st.names.subject(key)

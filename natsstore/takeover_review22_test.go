@@ -26,7 +26,6 @@ import (
 // the client its request was lost (the client would get the -32010 error,
 // then the result).
 func TestTakeoverAndTheSweepersEndOfAnOrphanExcludeEachOther(t *testing.T) {
-	t.Skip("review22: failOrphan does not take the lease: a takeover and the sweeper's end can both win")
 	urls := []string{testnet.NATS(t).ClientURL()}
 	mod := func(o *Options) { o.LeaseTTL = time.Second; o.TakeoverWait = time.Hour }
 	b, c := openAt(t, urls, mod), openAt(t, urls, mod)

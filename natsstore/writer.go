@@ -47,11 +47,13 @@ type writer struct {
 	upstream  string // the upstream cursor as of the last event appended (or note)
 	// unnoted: a note (NoteUpstream) came when no open batch could carry
 	// it, at head notedAt; the next batch carries it, or recordNote does.
-	unnoted  bool
-	notedAt  uint64
-	synced   int64 // headOff last written to the record
-	syncedAt time.Time
-	room     signal // a batch was taken or stored, or the writer stopped
+	unnoted bool
+	notedAt uint64
+	// noteTimer records a note no batch carried within noteDelay.
+	noteTimer *time.Timer
+	synced    int64 // headOff last written to the record
+	syncedAt  time.Time
+	room      signal // a batch was taken or stored, or the writer stopped
 
 	others othersCache
 	feed   feed // for the local reader (feed.go)
@@ -562,7 +564,17 @@ func (w *writer) note(id string) {
 		return
 	}
 	w.unnoted, w.notedAt = true, w.head
+	if w.noteTimer == nil {
+		w.noteTimer = time.AfterFunc(noteDelay, w.recordNote)
+	}
 }
+
+// noteDelay is how long a note waits for a batch to carry it before it is
+// written to the stream record by itself. A short call's result carries
+// its priming event's note at no cost; a call silent longer (a long tool
+// run before any progress) has its upstream cursor stored, so a takeover
+// can resume it if its producer dies in that silence.
+const noteDelay = time.Second
 
 // recordNote writes a note no batch carries into the stream record, once
 // everything before it is stored: the producer lets go of the stream, and
@@ -572,6 +584,10 @@ func (w *writer) recordNote() {
 	id, at := w.upstream, w.notedAt
 	due := w.unnoted && w.err == nil && w.stored >= at
 	w.unnoted = w.unnoted && !due
+	if w.noteTimer != nil {
+		w.noteTimer.Stop()
+		w.noteTimer = nil
+	}
 	w.mu.Unlock()
 	if !due {
 		return

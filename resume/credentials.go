@@ -313,6 +313,19 @@ func (h *Engine) vouch(w http.ResponseWriter, r *http.Request, next Next, sid st
 
 var pingIDs atomic.Uint64
 
+// atEndpoint points req at endpoint (a session's, as it began: path and
+// query), if known: what the proxy asks the upstream on a session's behalf
+// goes there, whatever path under the route the client used.
+func atEndpoint(req *http.Request, endpoint string) {
+	if endpoint == "" {
+		return
+	}
+	if u, err := url.ParseRequestURI(endpoint); err == nil {
+		req.URL.Path, req.URL.RawPath, req.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
+		req.RequestURI = endpoint
+	}
+}
+
 // askUpstream sends a JSON-RPC ping on the session to the upstream, on the
 // endpoint the session began on (never the request's own path: any path
 // under the route reaches this handler, and another endpoint's answer says
@@ -325,12 +338,7 @@ func (h *Engine) askUpstream(r *http.Request, next Next, sid string, meta buffer
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), vouchTimeout)
 	defer cancel()
 	req := r.Clone(ctx)
-	if meta.Endpoint != "" {
-		if u, err := url.ParseRequestURI(meta.Endpoint); err == nil {
-			req.URL.Path, req.URL.RawPath, req.URL.RawQuery = u.Path, u.RawPath, u.RawQuery
-			req.RequestURI = meta.Endpoint
-		}
-	}
+	atEndpoint(req, meta.Endpoint)
 	req.Method = http.MethodPost
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }

@@ -25,6 +25,11 @@ import (
 // Last-Event-ID when it gave one.
 func (t *upstreamTap) reconnectRequest() *http.Request {
 	req := t.client.Clone(t.ctx)
+	if t.takeover {
+		// The client request is a resume, or a repeat, on any path under
+		// the route: the upstream's stream is the session's endpoint's.
+		atEndpoint(req, t.sess.Meta().Endpoint)
+	}
 	req.Method = http.MethodGet
 	req.Body, req.ContentLength, req.GetBody = http.NoBody, 0, nil
 	for _, k := range []string{"Content-Type", "Content-Length", "Accept-Encoding", hdrLastEventID, "Expect"} {

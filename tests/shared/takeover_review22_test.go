@@ -436,7 +436,6 @@ func TestTakeoverAfterTheUpstreamForgotTheSession(t *testing.T) {
 // says nothing of the session"): another endpoint's 404 is no verdict on
 // the session, yet it ends the call and deletes the session everywhere.
 func TestTakeoverAsksTheEndpointTheSessionBeganOn(t *testing.T) {
-	t.Skip("review22: the takeover GET goes to the resume's path; another endpoint's 404 deletes the session")
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]
@@ -874,7 +873,6 @@ func TestTakeoverOfABatchWithOneRequestAnswered(t *testing.T) {
 // taken over for it, not left to wait in silence until takeover_wait ends
 // it with the failure.
 func TestTakeoverForARepeatedPOST(t *testing.T) {
-	t.Skip("review22: a repeated POST's relay has no takeover: it waits takeover_wait for the failure")
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), "takeover_wait 5s"), demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]
@@ -901,6 +899,11 @@ func TestTakeoverForARepeatedPOST(t *testing.T) {
 	if err := mcptest.OnceInOrder(p, n); err != nil {
 		t.Fatal(err)
 	}
+	if v := series(t, b, "caddy_mcp_resume_repeated_requests_total"); v != 1 {
+		t.Errorf("repeated_requests_total on B = %v, want 1: the repeat was not answered from the stream", v)
+	}
+	takenOver(t, b, false)
+	noEarlyEviction(t, b)
 }
 
 // A long tool call that sends nothing for a while (no progress yet: a
@@ -910,7 +913,6 @@ func TestTakeoverForARepeatedPOST(t *testing.T) {
 // dies in that silence; B must take the call over from that cursor, not
 // fail it at lease_ttl as if the upstream had no event IDs.
 func TestTakeoverBeforeTheFirstEventFromThePrimingCursor(t *testing.T) {
-	t.Skip("review22: the priming event's upstream cursor is not stored: a producer killed before the first event is not taken over")
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]
@@ -919,7 +921,10 @@ func TestTakeoverBeforeTheFirstEventFromThePrimingCursor(t *testing.T) {
 	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 5000})
 	first := harness.ReadEvents(t, resp, 1) // the proxy's priming event
 	resp.Body.Close()
-	time.Sleep(time.Second) // the upstream's priming event reached A
+	// The call is silent for 3 s (the upstream's priming event reached A
+	// at once): past the second after which A records the cursor no event
+	// carried, with room for a loaded machine.
+	time.Sleep(3 * time.Second)
 	a.Kill()
 	time.Sleep(3 * time.Second)
 
