@@ -10,8 +10,10 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -215,7 +217,8 @@ type bound struct {
 // reports whether it goes on; when it does not, the client has its answer.
 func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, sid string,
 	kind policy.RequestKind) (goOn bool, err error) {
-	switch a, b := h.access(r, sid, kind); policy.Authorize(a) {
+	a, b := h.access(r, sid, kind)
+	switch policy.Authorize(a) {
 	case policy.Deny:
 		lastID := r.Header.Get(hdrLastEventID)
 		if r.Method == http.MethodGet && lastID != "" {
@@ -223,7 +226,12 @@ func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, si
 		}
 		return false, h.refuse(w, refuseCredentials, to{sid: sid, lastID: lastID})
 	case policy.Vouch:
-		return h.vouch(w, r, next, sid, a, b)
+		if goOn, err = h.vouch(w, r, next, sid, a, b); !goOn {
+			return goOn, err
+		}
+	}
+	if b.sess != nil {
+		h.rt.freshest.note(b.sess, r)
 	}
 	return true, nil
 }
@@ -441,4 +449,55 @@ func (c *Config) rebindMode() policy.RebindMode {
 		return m
 	}
 	return policy.RebindSubject
+}
+
+// freshest remembers, per session, the Authorization a request of it last
+// brought that the proxy let through (its binding's, or one the upstream
+// vouched for), in this process's memory only: the store keeps no
+// credential. What the proxy asks the upstream on the session's behalf
+// later (a takeover's GET) carries it rather than an older request's,
+// whose token may have expired since.
+type freshest struct {
+	mu sync.Mutex
+	m  map[string][]string
+}
+
+// note records r's Authorization for sess, forgotten when sess ends.
+func (f *freshest) note(sess buffer.Session, r *http.Request) {
+	values := r.Header.Values("Authorization")
+	if len(values) == 0 {
+		return
+	}
+	sid := sess.ID()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	old, known := f.m[sid]
+	if known && slices.Equal(old, values) {
+		return
+	}
+	if f.m == nil {
+		f.m = make(map[string][]string)
+	}
+	f.m[sid] = slices.Clone(values)
+	if !known {
+		context.AfterFunc(sess.Context(), func() {
+			f.mu.Lock()
+			delete(f.m, sid)
+			f.mu.Unlock()
+		})
+	}
+}
+
+// with returns r, or a copy of it carrying the freshest Authorization
+// noted for sess if that is another.
+func (f *freshest) with(r *http.Request, sess buffer.Session) *http.Request {
+	f.mu.Lock()
+	values, ok := f.m[sess.ID()]
+	f.mu.Unlock()
+	if !ok || slices.Equal(values, r.Header.Values("Authorization")) {
+		return r
+	}
+	r = r.Clone(r.Context())
+	r.Header["Authorization"] = slices.Clone(values)
+	return r
 }

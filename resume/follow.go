@@ -261,7 +261,10 @@ func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, strea
 		h.logger.Debug("takeover not taken", zap.String("session", sess.ID()), zap.Uint32("stream", stream.Num()), zap.Error(err))
 		return
 	}
-	t := h.newTap(r, next, sess, sess.Meta().Version)
+	// The upstream GET carries the freshest credential a client of the
+	// session brought here: r may be the first POST of a call this
+	// replica takes back, its token expired since.
+	t := h.newTap(h.rt.freshest.with(r, sess), next, sess, sess.Meta().Version)
 	t.produce(stream, p)
 	t.takeover = true
 	t.lastID = stream.UpstreamCursor() // the fence is stored: this is exactly what the store holds

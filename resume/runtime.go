@@ -39,8 +39,10 @@ type Runtime struct {
 	// remember the standalone GETs this runtime closed (standalone.go).
 	adoptions  adoptions
 	closedGETs closedGETs
-	// macs keeps keyed hashers for the bindings' hashes (credentials.go).
-	macs sync.Pool
+	// macs keeps keyed hashers for the bindings' hashes (credentials.go);
+	// freshest, the sessions' latest credentials let through.
+	macs     sync.Pool
+	freshest freshest
 }
 
 // NewRuntime returns a runtime on st, or, with st nil, one whose store

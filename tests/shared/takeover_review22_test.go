@@ -226,7 +226,6 @@ func TestTakeoverWithAnExpiredTokenLetsTheClientRefresh(t *testing.T) {
 // not the call's first POST's expired one, or the upstream's 401 fails a
 // call that could go on.
 func TestTakeoverByTheSameReplicaUsesTheSessionsFreshestToken(t *testing.T) {
-	t.Skip("review22: a replica taking its own call back uses the first POST's expired token, not the session's refreshed one")
 	ns := testnet.NATS(t)
 	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
 	relay, err := mcptest.NewRelay(real)
