@@ -183,7 +183,7 @@ func (st *Store) hasCursor(key string, rec *streamRecord) bool {
 	}
 	ctx, cancel := st.opCtx()
 	defer cancel()
-	m, err := st.lastMsg(ctx, st.names.subject(key))
+	m, err := st.lastWhole(ctx, st.names.subject(key), rec.FloorMsg)
 	return err == nil && m != nil && m.upstream != ""
 }
 

@@ -8,7 +8,10 @@ package natsstore
 // batch, else with the next one, else the stream record holds it once the
 // producer lets go (writer.note, writer.recordNote).
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 // UpstreamCursor implements buffer.Stream: the one the last stored batch
 // carries, or the record's if that was recorded at or after it (a note at
@@ -26,11 +29,32 @@ func (s *stream) UpstreamCursor() string {
 	if !ok {
 		return ""
 	}
-	m, err := s.sess.st.lastMsg(ctx, s.sess.st.names.subject(s.key))
+	m, err := s.sess.st.lastWhole(ctx, s.sess.st.names.subject(s.key), rec.FloorMsg)
 	if err == nil && m != nil && m.upstream != "" && m.last() > rec.UpstreamAt {
 		return m.upstream
 	}
 	return rec.Upstream
+}
+
+// lastWhole is the last message of subject that ends with a whole event
+// (or holds none: a marker), nil if there is none. A producer that died
+// between the parts of an event left a part last, which carries no cursor:
+// the cursor is the one of the message holding the event before (the
+// upstream's replay brings the torn event again, whole). hint is a message
+// sequence at or before it, to start the search from.
+func (st *Store) lastWhole(ctx context.Context, subject string, hint uint64) (*msgInfo, error) {
+	m, err := st.lastMsg(ctx, subject)
+	if err != nil || m == nil || m.parts == 0 || m.part == m.parts {
+		return m, err
+	}
+	if m.first <= 1 {
+		return nil, nil // the torn event was the stream's first
+	}
+	at, _, err := st.locate(ctx, subject, m.first-1, hint)
+	if err != nil || at == nil || at.last() != m.first-1 {
+		return nil, err
+	}
+	return at, nil
 }
 
 // NoteUpstream implements buffer.Stream.
