@@ -246,20 +246,20 @@ func (t *upstreamTap) failureReason(err error, broken bool) policy.Reason {
 // one does). r is the request of the client reading the stream here; next
 // reaches the upstream. It returns at once: the relay reads what the new
 // producer stores.
-func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, stream buffer.Stream) {
+func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, stream buffer.Stream) (over bool) {
 	to, ok := stream.(buffer.Takeover)
 	if !ok || stream.Kind() != policy.RequestStream || stream.View().State != policy.Live {
-		return
+		return true
 	}
 	if stream.UpstreamCursor() == "" {
-		return // nothing to resume the upstream from: the sweeper ends the stream at lease_ttl
+		return true // nothing to resume the upstream from: the sweeper ends the stream at lease_ttl
 	}
 	ctx, cancel := context.WithTimeout(h.rt.stopCtx, 10*time.Second) // a producer here asked to stop is waited for
 	p, who, err := to.TakeOver(ctx)
 	cancel()
 	if err != nil {
 		h.logger.Debug("takeover not taken", zap.String("session", sess.ID()), zap.Uint32("stream", stream.Num()), zap.Error(err))
-		return
+		return false
 	}
 	// The upstream GET carries the freshest credential a client of the
 	// session brought here: r may be the first POST of a call this
@@ -292,6 +292,50 @@ func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, strea
 		t.followRequest(res, 1)
 		if !t.takeoverCounted && policy.Classify(t.lastStatus) == policy.UpstreamSessionGone {
 			t.takeoverFailed() // a 404 ended the session: its clients got the gap and -32010
+		}
+	}()
+	return true
+}
+
+// takeBackLimit bounds how long a replica waits to take back a call whose
+// producer it stopped for want of the store: by then the sweeper has
+// failed the call, or a client's replica has taken it over.
+const takeBackLimit = 10 * time.Minute
+
+// takeBack takes a call over on this replica once the store is back, when
+// its producer here stopped itself for want of the store (cut off from
+// NATS, it let the upstream response go so that another replica could
+// take over) and the stream is still live: with its client away, no
+// reader would ask for a takeover, and the call would fail although the
+// upstream keeps its events. A client's replica that takes it over first
+// wins (the lease decides); the stream's end, the session's, or a drain
+// ends the wait.
+func (h *Engine) takeBack(r *http.Request, next Next, sess buffer.Session, stream buffer.Stream) {
+	go func() {
+		// Not one of the runtime's reads while it waits: a drain does not
+		// wait for it (it ends with the drain's start); the takeover's
+		// own read counts once it runs.
+		deadline := time.NewTimer(takeBackLimit)
+		defer deadline.Stop()
+		pause := takeoverPauseMin
+		for {
+			t := time.NewTimer(pause)
+			select {
+			case <-h.rt.drainCtx.Done():
+			case <-sess.Context().Done():
+			case <-deadline.C:
+			case <-t.C:
+				if stream.View().State != policy.Live {
+					return
+				}
+				if st, ok := h.rt.Store(); ok && buffer.Available(st) == nil && h.takeOver(h.rt.freshest.with(r, sess), next, sess, stream) {
+					return
+				}
+				pause = min(2*pause, takeoverPauseMax)
+				continue
+			}
+			t.Stop()
+			return
 		}
 	}()
 }

@@ -650,6 +650,12 @@ func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
 		return res.proxied
 	}
 	t.followRequest(res, 0)
+	if t.prod != nil && t.prod.Context().Err() != nil && h.rt.stopCtx.Err() == nil && t.sess.Context().Err() == nil &&
+		t.stream.View().State == policy.Live {
+		// Its producer stopped, the tap did not: the store let go of the
+		// stream (this replica cut off from it). Once back, take it back.
+		h.takeBack(t.client, next, t.sess, t.stream)
+	}
 	return nil // the client already has its response headers
 }
 

@@ -754,9 +754,6 @@ func TestNATSOutageDoesNotFailACallWhoseClientIsAway(t *testing.T) {
 		eventStore bool
 	}{{"upstream without event IDs", false}, {"upstream with an event store", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.eventStore {
-				t.Skip("review22: a producer that stops itself for a NATS outage is never taken back without a reader: the call fails after takeover_wait")
-			}
 			ns := testnet.NATS(t)
 			real := strings.TrimPrefix(ns.ClientURL(), "nats://")
 			relay, err := mcptest.NewRelay(real)
