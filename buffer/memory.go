@@ -62,6 +62,9 @@ type MemoryStore struct {
 	limits    Limits
 	tombs     map[string]*Tombstone
 	tombOrder []tombRef // tombstones by end time, oldest first; may hold stale refs
+	// ending holds the sessions a Delete removed and has not yet given
+	// their tombstone (it ends their streams meanwhile): closed when it has.
+	ending map[string]chan struct{}
 }
 
 type tombRef struct {
@@ -98,6 +101,7 @@ func NewMemoryStore(opts Options) *MemoryStore {
 		sessions: make(map[string]*memSession),
 		limits:   opts.Limits,
 		tombs:    make(map[string]*Tombstone),
+		ending:   make(map[string]chan struct{}),
 	}
 	st.wg.Add(1)
 	go st.sweepLoop()
@@ -180,7 +184,14 @@ func (st *MemoryStore) deliveryQuantum() time.Duration {
 
 // CreateSession implements Store.
 func (st *MemoryStore) CreateSession(id string, meta SessionMeta) (Session, error) {
+	// A new incarnation takes the tombstone of the last one as its past:
+	// the whole tombstone, so it waits for a Delete still ending it.
 	st.mu.Lock()
+	for ending := st.ending[id]; ending != nil; ending = st.ending[id] {
+		st.mu.Unlock()
+		<-ending
+		st.mu.Lock()
+	}
 	defer st.mu.Unlock()
 	if _, ok := st.sessions[id]; ok {
 		return nil, ErrSessionExists
@@ -274,9 +285,18 @@ func (st *MemoryStore) SessionInfo(id string) (SessionInfo, bool) {
 	return s.info(), true
 }
 
-// Tombstone implements Store.
+// Tombstone implements Store. A session a Delete is ending has its
+// tombstone once its streams ended, in a moment: Tombstone waits for it, so
+// a request in between finds the session ended with what its streams owed
+// (a resume gets the errors of the calls it lost), never unknown, nor ended
+// with nothing remembered.
 func (st *MemoryStore) Tombstone(id string) (Tombstone, bool) {
 	st.mu.RLock()
+	if ending := st.ending[id]; ending != nil {
+		st.mu.RUnlock()
+		<-ending
+		st.mu.RLock()
+	}
 	defer st.mu.RUnlock()
 	t, ok := st.tombs[id]
 	if !ok {
@@ -289,20 +309,15 @@ func (st *MemoryStore) Tombstone(id string) (Tombstone, bool) {
 func (st *MemoryStore) Delete(id string, reason policy.Reason) bool {
 	st.mu.Lock()
 	s, ok := st.sessions[id]
-	var provisional *Tombstone
+	var ending chan struct{}
 	if ok {
 		delete(st.sessions, id)
 		st.countLocked(s.Meta().Origin, -1)
-		// Until the full tombstone below: a request in between must find
-		// the session ended, never unknown (adopted under any credential).
-		m := s.Meta()
-		provisional = &Tombstone{Past: Past{Epoch: s.epoch, Reason: reason}, Fingerprint: m.Fingerprint,
-			Bind: m.Bind, Credential: m.Credential, Endpoint: m.Endpoint, Version: m.Version, Ended: st.now()}
-		if _, remembered := st.tombs[id]; !remembered {
-			st.tombs[id] = provisional
-		} else {
-			provisional = nil
-		}
+		// Until the tombstone below: a request in between must find the
+		// session ended, never unknown (adopted under any credential), and
+		// with its streams' past (Tombstone and CreateSession wait).
+		ending = make(chan struct{})
+		st.ending[id] = ending
 	}
 	st.mu.Unlock()
 	if !ok {
@@ -320,13 +335,11 @@ func (st *MemoryStore) Delete(id string, reason policy.Reason) bool {
 	t := &Tombstone{Past: p, Fingerprint: m.Fingerprint, Bind: m.Bind, Credential: m.Credential, Endpoint: m.Endpoint,
 		Version: m.Version, Ended: now, Earlier: earlier}
 	st.mu.Lock()
-	if _, again := st.sessions[id]; !again {
-		st.tombs[id] = t
-		st.tombOrder = append(st.tombOrder, tombRef{id: id, ended: now})
-		st.dropTombstonesLocked(now, st.maxTombstones())
-	} else if provisional != nil && st.tombs[id] == provisional {
-		delete(st.tombs, id)
-	}
+	st.tombs[id] = t
+	st.tombOrder = append(st.tombOrder, tombRef{id: id, ended: now})
+	st.dropTombstonesLocked(now, st.maxTombstones())
+	delete(st.ending, id)
+	close(ending)
 	st.mu.Unlock()
 	if h := st.opts.Hooks.SessionEnded; h != nil {
 		h(id, reason)

@@ -483,11 +483,29 @@ func TestTapFollowsTheStandaloneStream(t *testing.T) {
 	g.Header.Set("Accept", "text/event-stream")
 	g.Header.Set(hdrSessionID, "sess-1")
 	g.Header.Set("Authorization", "Bearer x")
-	w := httptest.NewRecorder()
+	w := &lockedRecorder{ResponseRecorder: httptest.NewRecorder()}
 	done := make(chan error, 1)
 	go func() { done <- h.ServeHTTP(w, g, up) }()
+	notices := func() []string {
+		var got []string
+		for _, ev := range events(t, w.String()) {
+			if ev.Data != "" {
+				got = append(got, ev.Data)
+			}
+		}
+		return got
+	}
 	st := sess.Standalone()
-	waitFor(t, 10*time.Second, "the standalone stream to take notices 1..3", func() bool { return st.View().Head >= 3 })
+	// The relay writes to the client beside the tap, so the log holding
+	// notice 3 does not mean the client has it: wait for the client's copy.
+	// Notices are relayed in log order, so a repeat of _1 taken twice would
+	// be in the client's body before notice 3.
+	waitFor(t, 10*time.Second, "the client to get notice 3", func() bool {
+		return strings.Contains(w.String(), `"params":{"data":3}`)
+	})
+	if v := st.View(); v.Head != 3 {
+		t.Fatalf("the standalone log holds %d events, want the 3 notices once", v.Head)
+	}
 	leave()
 	h.rt.store.Delete("sess-1", policy.ReasonDeleted) // ends the producer
 	<-done
@@ -496,16 +514,41 @@ func TestTapFollowsTheStandaloneStream(t *testing.T) {
 		reqs[2].Header.Get(hdrLastEventID) != "_2" {
 		t.Fatalf("%d requests", len(reqs))
 	}
-	evs := events(t, w.Body.String())
-	var got []string
-	for _, ev := range evs {
-		if ev.Data != "" {
-			got = append(got, ev.Data)
-		}
-	}
-	if len(got) != 3 {
+	if got := notices(); len(got) != 3 {
 		t.Fatalf("client got %d notices: %v", len(got), got)
 	}
+}
+
+// lockedRecorder is a ResponseRecorder a relay may write to in its own
+// goroutine while the test reads what the client got so far.
+type lockedRecorder struct {
+	mu sync.Mutex
+	*httptest.ResponseRecorder
+}
+
+func (w *lockedRecorder) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ResponseRecorder.Write(p)
+}
+
+func (w *lockedRecorder) WriteHeader(code int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ResponseRecorder.WriteHeader(code)
+}
+
+func (w *lockedRecorder) Flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ResponseRecorder.Flush()
+}
+
+// String is the body written so far.
+func (w *lockedRecorder) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.Body.String()
 }
 
 // A standalone tap that ends leaves its upstream cursor in the store, an

@@ -17,6 +17,7 @@ var sessionContracts = []contract{
 	{"SessionAndStreamLimits", testLimits},
 	{"AdoptedSessionsCannotCrowdOut", testAdoptedShare},
 	{"DeleteSession", testDeleteSession},
+	{"DeletedSessionHasItsTombstoneAtOnce", testDeleteSeenWhole},
 	{"RebindCredential", testRebind},
 	{"IdleExpiry", testIdleExpiry},
 	{"EndedStreamsRetire", testEndedStreamsRetire},
@@ -224,6 +225,43 @@ func testDeleteSession(t *testing.T, e *env) {
 	tomb, _ = st.Tombstone("s1")
 	if tomb.Reason != policy.ReasonPurged || len(tomb.Earlier) != 1 || tomb.Earlier[0].Epoch != s.Epoch() {
 		t.Fatalf("second tombstone %+v", tomb)
+	}
+}
+
+// A request that looks the session up while a Delete ends it finds it, or
+// finds its whole tombstone: never no session and no tombstone (it would
+// be adopted, under any credential), nor a tombstone without the streams
+// that owed their clients an answer (a resume could not fail those calls).
+func testDeleteSeenWhole(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	for i := range 50 {
+		id := fmt.Sprintf("s%d", i)
+		str := MustStream(t, MustSession(t, st, id), "1")
+		AppendN(t, str, 2, EvSize)
+		looked := make(chan struct{})
+		seen := Async(func() error {
+			close(looked)
+			for {
+				if _, ok := st.Session(id); ok {
+					continue
+				}
+				tomb, ok := st.Tombstone(id)
+				switch {
+				case !ok:
+					return errors.New("neither the session nor its tombstone")
+				case tomb.Reason != policy.ReasonDeleted || len(tomb.Streams[str.Num()].Requests) != 1:
+					return fmt.Errorf("a tombstone without what the stream owed: %s %+v", tomb.Reason, tomb.Streams)
+				}
+				return nil
+			}
+		})
+		<-looked
+		if !st.Delete(id, policy.ReasonDeleted) {
+			t.Fatal("Delete = false")
+		}
+		if err := <-seen; err != nil {
+			t.Fatalf("%s, looked up while it was deleted: %v", id, err)
+		}
 	}
 }
 

@@ -18,9 +18,10 @@ import (
 // /proc/net/tcp{,6} shows it.
 type TCPSocket struct {
 	LocalPort, RemotePort int
-	State                 int   // 1 = ESTABLISHED
-	TxQueue               int64 // bytes written by the application, not yet acknowledged by the peer
-	RxQueue               int64 // bytes received, not yet read by the application
+	State                 int    // 1 = ESTABLISHED
+	TxQueue               int64  // bytes written by the application, not yet acknowledged by the peer
+	RxQueue               int64  // bytes received, not yet read by the application
+	Inode                 uint64 // the socket's inode: /proc/<pid>/fd links to "socket:[inode]"
 }
 
 // TCPSockets lists the TCP sockets of the network namespace.
@@ -36,7 +37,7 @@ func TCPSockets() ([]TCPSocket, error) {
 		}
 		for _, line := range strings.Split(string(b), "\n")[1:] {
 			fs := strings.Fields(line)
-			if len(fs) < 5 {
+			if len(fs) < 10 {
 				continue
 			}
 			lp, err1 := hexPort(fs[1])
@@ -48,10 +49,46 @@ func TCPSockets() ([]TCPSocket, error) {
 			}
 			tx, err4 := strconv.ParseInt(q[0], 16, 64)
 			rx, err5 := strconv.ParseInt(q[1], 16, 64)
-			if err4 != nil || err5 != nil {
+			ino, err6 := strconv.ParseUint(fs[9], 10, 64)
+			if err4 != nil || err5 != nil || err6 != nil {
 				continue
 			}
-			out = append(out, TCPSocket{LocalPort: lp, RemotePort: rp, State: int(st), TxQueue: tx, RxQueue: rx})
+			out = append(out, TCPSocket{LocalPort: lp, RemotePort: rp, State: int(st), TxQueue: tx, RxQueue: rx, Inode: ino})
+		}
+	}
+	return out, nil
+}
+
+// ListeningPorts returns the TCP ports process pid listens on: the
+// listening sockets of the network namespace whose inodes are among the
+// process's open files. Other processes' listeners (other test binaries'
+// servers, run by go test beside this one) are not among them.
+func ListeningPorts(pid int) (map[int]bool, error) {
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	fds, err := os.ReadDir(fdDir)
+	if err != nil {
+		return nil, err
+	}
+	own := map[uint64]bool{}
+	for _, fd := range fds {
+		link, err := os.Readlink(fdDir + "/" + fd.Name())
+		if err != nil {
+			continue // closed meanwhile
+		}
+		if s, ok := strings.CutPrefix(link, "socket:["); ok {
+			if ino, err := strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64); err == nil {
+				own[ino] = true
+			}
+		}
+	}
+	socks, err := TCPSockets()
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]bool{}
+	for _, s := range socks {
+		if s.State == 0x0A && own[s.Inode] { // LISTEN
+			out[s.LocalPort] = true
 		}
 	}
 	return out, nil
