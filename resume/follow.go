@@ -328,7 +328,7 @@ func (h *Engine) takeBack(r *http.Request, next Next, sess buffer.Session, strea
 				if stream.View().State != policy.Live {
 					return
 				}
-				if st, ok := h.rt.Store(); ok && buffer.Available(st) == nil && h.takeOver(h.rt.freshest.with(r, sess), next, sess, stream) {
+				if st, ok := h.rt.Store(); ok && buffer.Available(st) == nil && h.takeOver(r, next, sess, stream) {
 					return
 				}
 				pause = min(2*pause, takeoverPauseMax)
