@@ -27,6 +27,47 @@ func produceWithCursor(t *testing.T, str buffer.Stream, from, to uint64) {
 	str.(*stream).currentWriter().waitStored(10 * time.Second)
 }
 
+// caughtUpOn is a reader of stream 1 of session "sess" on st, a replica
+// that did not produce it, attached at 1 and past events 1..n (the ones
+// produceWithCursor or appendEvents stored), with the session; the reader
+// is closed when the test ends.
+func caughtUpOn(t *testing.T, st *Store, n int) (buffer.Session, buffer.Stream, buffer.Reader) {
+	t.Helper()
+	s := sessionOn(t, st, "sess")
+	str, _ := s.Stream(1)
+	r, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	if _, err := readSeqs(t, r, s.Epoch(), 1, 1, n); err != nil {
+		t.Fatal(err)
+	}
+	return s, str, r
+}
+
+// readToEnd reads r until the end of its stream, riding out
+// ErrProducerGone (a takeover's producer comes), and returns the
+// sequence numbers and the bytes it read.
+func readToEnd(t *testing.T, ctx context.Context, r buffer.Reader) (seqs []uint64, data []byte) {
+	t.Helper()
+	for {
+		batch, err := r.Read(ctx, nil, 8<<20, time.Hour)
+		for seq := batch.First; len(batch.Data) > 0 && seq <= batch.Last; seq++ {
+			seqs = append(seqs, seq)
+		}
+		for _, d := range batch.Data {
+			data = append(data, d...)
+		}
+		if errors.Is(err, io.EOF) {
+			return seqs, data
+		}
+		if err != nil && !errors.Is(err, buffer.ErrProducerGone) {
+			t.Fatalf("the reader: %v (seqs %v)", err, seqs)
+		}
+	}
+}
+
 // A request stream's producer (A) dies with the upstream cursor stored.
 // B's reader, caught up, is told its producer is gone; B takes the stream
 // over (the lease decides: C cannot); A's batch still in flight (what the
@@ -52,16 +93,7 @@ func TestTakeOverAStreamWhoseProducerDied(t *testing.T) {
 	w.mu.Unlock()
 	crash(a)
 
-	sb := sessionOn(t, b, "sess")
-	stB, _ := sb.Stream(1)
-	rb, err := stB.Attach(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rb.Close()
-	if _, err := readSeqs(t, rb, sb.Epoch(), 1, 1, 3); err != nil {
-		t.Fatal(err)
-	}
+	sb, stB, rb := caughtUpOn(t, b, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := rb.Read(ctx, nil, 1<<20, time.Hour); !errors.Is(err, buffer.ErrProducerGone) {

@@ -132,8 +132,7 @@ func callEvents(t *testing.T, evs []mcptest.Event, id string) (progress []float6
 // the other replica, which takes the upstream read over: every progress
 // notification once, in order, and the result.
 func TestTakeoverAfterTheProducerIsKilled(t *testing.T) {
-	ns := testnet.NATS(t)
-	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
+	d := deployTakeover(t, 2, "")
 	a, b := d.replicas[0], d.replicas[1]
 	c := d.client("2025-11-25")
 	const n = 30
@@ -162,39 +161,19 @@ func TestTakeoverAfterTheProducerIsKilled(t *testing.T) {
 // client resumes on the other replica with the last event ID it has: the
 // rest of the progress notifications once, and the result.
 func TestTakeoverWhenTheClientComesBack(t *testing.T) {
-	ns := testnet.NATS(t)
-	d := deploy(t, 2, storeNATS(natsURLs(ns), "takeover_wait 30s"), demoserver.Options{EventStore: true})
+	d := deployTakeover(t, 2, "takeover_wait 30s")
 	a, b := d.replicas[0], d.replicas[1]
 	const n = 20
-	ca := harness.NewSession(t, "http://"+a.addr(), "2025-06-18")
-	resp := ca.Call(2, "count", map[string]any{"n": n, "interval_ms": 200})
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %d", resp.StatusCode)
-	}
-	first := harness.ReadEvents(t, resp, 4) // 2025-06-18: no priming event, four progress notifications
-	resp.Body.Close()
-	a.Kill()
+	// 2025-06-18: no priming event, four progress notifications.
+	ca, first := callThenKill(t, a, "2025-06-18", n, 200, 4)
 	time.Sleep(3 * 2 * time.Second) // three lease_ttl: the lease lapsed long ago, no client reads
 
-	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-06-18")
-	cb.SessionID = ca.SessionID
-	resp = cb.Resume(first[len(first)-1].ID)
+	resp := resume(t, b, "2025-06-18", ca.SessionID, lastID(first))
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("resume on B: %d", resp.StatusCode)
 	}
-	rest := harness.ReadEvents(t, resp, 0)
-	resp.Body.Close()
-	p1, _, _ := callEvents(t, first, "2")
-	p2, result, errs := callEvents(t, rest, "2")
-	if len(errs) > 0 {
-		t.Fatalf("the resumed call failed: %q", errs)
-	}
-	if result != fmt.Sprintf("counted to %d", n) {
-		t.Fatalf("result %q after the resume (%d events)", result, len(rest))
-	}
-	if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
-		t.Fatal(err)
-	}
+	rest := readThenClose(t, resp, 0)
+	wantCounted(t, "the resumed call", n, first, rest)
 	takenOver(t, b, false)
 	noEarlyEviction(t, b)
 }
@@ -205,52 +184,19 @@ func TestTakeoverWhenTheClientComesBack(t *testing.T) {
 // resuming client brought (and the upstream vouched for): the upstream
 // accepts it, the call goes on.
 func TestTakeoverCarriesTheResumingClientsToken(t *testing.T) {
-	ns := testnet.NATS(t)
 	iss := mcptest.NewJWTIssuer("https://as.example.test")
-	mux := http.NewServeMux()
-	mux.Handle("/mcp", iss.Protect(demoserver.New(demoserver.Options{EventStore: true})))
-	d := &deployment{t: t, upstream: harness.StartHandler(t, mux)}
-	store := storeNATS(natsURLs(ns), "")
-	a, b := d.start("r1", store, true), d.start("r2", store, true)
-
+	a, b := bearerReplicas(t, iss)
 	const n = 25
-	hc := &http.Client{Timeout: 30 * time.Second}
-	bearer := func(tok string) http.Header { return http.Header{"Authorization": {"Bearer " + tok}} }
-	viaA := mcptest.NewClient("http://"+a.addr(), "2025-11-25", hc)
-	viaA.Header = bearer(iss.Mint("alice", 4*time.Second))
-	ctx := t.Context()
-	if err := viaA.Initialize(ctx); err != nil {
-		t.Fatal(err)
-	}
-	resp, err := viaA.Call(ctx, 2, "count", map[string]any{"n": n, "interval_ms": 300}, "p")
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("call: %v %v", err, resp)
-	}
-	first := harness.ReadEvents(t, resp, 4) // priming, three progress notifications
-	resp.Body.Close()
-	a.Kill()
+	viaA, first := bearerCallThenKill(t, a, iss, 4*time.Second, n)
 	time.Sleep(5 * time.Second) // the first token has expired; the lease lapsed
 
-	viaB := *viaA
-	viaB.URL = "http://" + b.addr() + "/mcp"
-	viaB.Header = bearer(iss.Mint("alice", time.Minute))
-	resp, err = viaB.Resume(ctx, first[len(first)-1].ID)
+	viaB := clientOn(viaA, b).WithHeader(bearer(iss.Mint("alice", time.Minute)))
+	resp, err := viaB.Resume(t.Context(), lastID(first))
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("resume on B with the refreshed token: %v %v", err, resp)
 	}
-	rest := harness.ReadEvents(t, resp, 0)
-	resp.Body.Close()
-	p1, _, _ := callEvents(t, first, "2")
-	p2, result, errs := callEvents(t, rest, "2")
-	if len(errs) > 0 {
-		t.Fatalf("the resumed call failed: %q", errs)
-	}
-	if result != fmt.Sprintf("counted to %d", n) {
-		t.Fatalf("result %q after the resume (%d events)", result, len(rest))
-	}
-	if err := mcptest.OnceInOrder(append(p1, p2...), n); err != nil {
-		t.Fatal(err)
-	}
+	rest := readThenClose(t, resp, 0)
+	wantCounted(t, "the resumed call", n, first, rest)
 	takenOver(t, b, false)
 }
 
@@ -258,14 +204,9 @@ func TestTakeoverCarriesTheResumingClientsToken(t *testing.T) {
 // documented explicit failure (a gap and a JSON-RPC error for the request),
 // and a client resuming later gets exactly that.
 func TestTakeoverWaitEndsInTheExplicitFailure(t *testing.T) {
-	ns := testnet.NATS(t)
-	d := deploy(t, 2, storeNATS(natsURLs(ns), "takeover_wait 3s"), demoserver.Options{EventStore: true})
+	d := deployTakeover(t, 2, "takeover_wait 3s")
 	a, b := d.replicas[0], d.replicas[1]
-	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
-	resp := ca.Call(2, "count", map[string]any{"n": 40, "interval_ms": 200})
-	first := harness.ReadEvents(t, resp, 3)
-	resp.Body.Close()
-	a.Kill()
+	ca, first := callThenKill(t, a, "2025-11-25", 40, 200, 3)
 	killed := time.Now()
 	// lease_ttl (2s) + takeover_wait (3s): the stream fails, on B's sweep.
 	harness.WaitFor(t, 20*time.Second, "the orphan failed", func() bool {
@@ -283,11 +224,7 @@ func TestTakeoverWaitEndsInTheExplicitFailure(t *testing.T) {
 	if took := time.Since(killed); took < 5*time.Second {
 		t.Fatalf("the orphan failed %v after the kill: before lease_ttl + takeover_wait (5s)", took)
 	}
-	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
-	cb.SessionID = ca.SessionID
-	resp = cb.Resume(first[len(first)-1].ID)
-	rest := harness.ReadEvents(t, resp, 0)
-	resp.Body.Close()
+	rest := readThenClose(t, resume(t, b, "2025-11-25", ca.SessionID, lastID(first)), 0)
 	_, result, errs := callEvents(t, rest, "2")
 	if result != "" || len(errs) != 1 || !strings.Contains(errs[0], "lost (upstream_failed)") {
 		t.Fatalf("resume after takeover_wait: result %q, errors %q, want one error (lost (upstream_failed))", result, errs)
@@ -305,24 +242,14 @@ func TestTakeoverRefusedByTheUpstream(t *testing.T) {
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true, EventStoreMaxBytes: 400})
 	a, b := d.replicas[0], d.replicas[1]
-	ca := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
-	resp := ca.Call(2, "count", map[string]any{"n": 60, "interval_ms": 50})
-	first := harness.ReadEvents(t, resp, 3)
-	resp.Body.Close()
-	a.Kill()
+	ca, first := callThenKill(t, a, "2025-11-25", 60, 50, 3)
 	time.Sleep(2 * time.Second) // the upstream goes on, and forgets what was not read
 
-	cb := harness.NewRawClient(t, "http://"+b.addr(), "2025-11-25")
-	cb.SessionID = ca.SessionID
-	resp = cb.Resume(first[len(first)-1].ID)
-	rest := harness.ReadEvents(t, resp, 0)
-	resp.Body.Close()
-	p1, _, _ := callEvents(t, first, "2")
-	p2, result, errs := callEvents(t, rest, "2")
+	rest := readThenClose(t, resume(t, b, "2025-11-25", ca.SessionID, lastID(first)), 0)
+	got, result, errs := callParts(t, first, rest)
 	if result != "" || len(errs) != 1 || !strings.Contains(errs[0], "lost (upstream_failed)") {
 		t.Fatalf("a refused takeover: result %q, errors %q, want one error (lost (upstream_failed))", result, errs)
 	}
-	got := append(p1, p2...)
 	if err := mcptest.OnceInOrder(got, len(got)); err != nil {
 		t.Fatal(err)
 	}
@@ -361,11 +288,7 @@ func TestTakeoverAfterRestartOfTheOnlyReplica(t *testing.T) {
 				a.waitStoreUp(t, 1)
 				return 1
 			})
-			if got := callCount(t, c, n, 200); got != fmt.Sprintf("counted to %d", n) {
-				t.Fatalf("result %q", got)
-			}
-			<-restarted
-			assertOnceInOrder(t, c, n)
+			countThrough(t, c, n, 200, restarted)
 			if !strings.Contains(a.Logs(), `"request stream taken over"`) {
 				t.Fatal("the restarted replica logged no takeover")
 			}
@@ -385,23 +308,8 @@ func TestTakeoverAfterRestartOfTheOnlyReplica(t *testing.T) {
 // stores nothing more into the stream. One producer at a time: every
 // progress notification once, none lost, and the result.
 func TestTakeoverAcrossAPartitionOfTheProducer(t *testing.T) {
-	ns := testnet.NATS(t)
-	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
-	cutOff, err := mcptest.NewRelay(real)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cutOff.Close() })
-	d := &deployment{t: t, upstream: harness.StartDemo(t, demoserver.Options{EventStore: true})}
-	a := d.start("r1", storeNATS([]string{"nats://" + cutOff.Addr()}, ""), true)
-	b := d.start("r2", storeNATS(natsURLs(ns), ""), true)
-	d.replicas = []*replica{a, b}
-	lb, err := mcptest.NewRelay(a.addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lb.Close() })
-	d.lb = lb
+	d, cutOff, real := deployCutOff(t)
+	a, b := d.replicas[0], d.replicas[1]
 
 	c := d.client("2025-11-25")
 	const n = 40
@@ -470,12 +378,7 @@ func requestStreams(ss []buffer.SessionInfo) []buffer.StreamInfo {
 // every progress notification once, and the result.
 func TestTakeoverByTheSameReplicaAfterAPartition(t *testing.T) {
 	ns := testnet.NATS(t)
-	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
-	relay, err := mcptest.NewRelay(real)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { relay.Close() })
+	relay, real := natsRelay(t, ns)
 	d := deploy(t, 1, storeNATS([]string{"nats://" + relay.Addr()}, ""), demoserver.Options{EventStore: true})
 	a := d.replicas[0]
 	c := d.client("2025-11-25")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"testing"
 	"time"
@@ -91,28 +90,10 @@ func TestTakeoverAfterAProducerDeadMidEvent(t *testing.T) {
 	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
 	claim(t, str)
 	produceWithCursor(t, str, 1, 3)
-	w := str.(*stream).currentWriter()
-	w.mu.Lock()
-	off, last := w.headOff, w.lastMsg
-	w.mu.Unlock()
-	p1 := part(str.(*stream).subject, 4, 1, 3, 3*a.partRoom, string(bytes.Repeat([]byte("p"), a.partRoom)))
-	p1.Header.Set(hdrOff, fmt.Sprint(off))
-	if _, err := a.storeMsgs([]outMsg{{msg: p1, id: str.(*stream).key + ".4.p1", part: 1, partial: true, last: 3, endOff: off}},
-		last, func() error { return nil }, nil, nil); err != nil {
-		t.Fatal(err)
-	}
+	strandFirstPart(t, a, str)
 	crash(a)
 
-	sb := sessionOn(t, b, "sess")
-	stB, _ := sb.Stream(1)
-	rb, err := stB.Attach(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rb.Close()
-	if _, err := readSeqs(t, rb, sb.Epoch(), 1, 1, 3); err != nil {
-		t.Fatal(err)
-	}
+	_, stB, rb := caughtUpOn(t, b, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := rb.Read(ctx, nil, 1<<20, time.Hour); !errors.Is(err, buffer.ErrProducerGone) {
@@ -133,23 +114,7 @@ func TestTakeoverAfterAProducerDeadMidEvent(t *testing.T) {
 	}
 	appendEvents(t, stB, 5, 5)
 	stB.Complete()
-	var got []byte
-	var seqs []uint64
-	for {
-		batch, err := rb.Read(ctx, nil, 8<<20, time.Hour)
-		for seq := batch.First; len(batch.Data) > 0 && seq <= batch.Last; seq++ {
-			seqs = append(seqs, seq)
-		}
-		for _, d := range batch.Data {
-			got = append(got, d...)
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil && !errors.Is(err, buffer.ErrProducerGone) {
-			t.Fatalf("B's reader after the takeover: %v (seqs %v)", err, seqs)
-		}
-	}
+	seqs, got := readToEnd(t, ctx, rb)
 	if fmt.Sprint(seqs) != "[4 5]" || bytes.Contains(got, []byte("ppp")) || !bytes.Contains(got, big) {
 		t.Fatalf("after the takeover: seqs %v, %d bytes, abandoned part in it: %v, event 4 whole: %v",
 			seqs, len(got), bytes.Contains(got, []byte("ppp")), bytes.Contains(got, big))
@@ -179,16 +144,7 @@ func TestTakeoverOfAStreamAnsweredButNotEnded(t *testing.T) {
 	str.(*stream).currentWriter().waitStored(10 * time.Second)
 	crash(a)
 
-	sb := sessionOn(t, b, "sess")
-	stB, _ := sb.Stream(1)
-	rb, err := stB.Attach(1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rb.Close()
-	if _, err := readSeqs(t, rb, sb.Epoch(), 1, 1, 2); err != nil {
-		t.Fatal(err)
-	}
+	_, stB, rb := caughtUpOn(t, b, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var seqs []uint64
@@ -215,18 +171,8 @@ func TestTakeoverOfAStreamAnsweredButNotEnded(t *testing.T) {
 		}
 	}
 	stB.Complete()
-	for {
-		batch, err := rb.Read(ctx, nil, 1<<20, time.Hour)
-		for seq := batch.First; len(batch.Data) > 0 && seq <= batch.Last; seq++ {
-			seqs = append(seqs, seq)
-		}
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil && !errors.Is(err, buffer.ErrProducerGone) {
-			t.Fatalf("B's reader: %v", err)
-		}
-	}
+	rest, _ := readToEnd(t, ctx, rb)
+	seqs = append(seqs, rest...)
 	if fmt.Sprint(seqs) != "[3]" {
 		t.Fatalf("after event 2: seqs %v, want [3]", seqs)
 	}
