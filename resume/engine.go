@@ -27,7 +27,8 @@
 //	tap.go          a call tapped: the one upstream reader and the writer
 //	                the upstream writes into
 //	follow.go       asking the upstream again when it ends a stream early,
-//	                or for a call whose producer replica died (takeOver)
+//	                or for a call whose producer replica died (takeOver,
+//	                takeBack)
 //	relay.go        all a client is written: headers, preambles, the relay
 //	resume.go       GETs: Last-Event-ID and the resume decision's outcomes
 //	standalone.go   the standalone GET stream, its upstream GET (opened only

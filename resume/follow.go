@@ -5,7 +5,8 @@ package resume
 // stream ends while the session lives, the tap asks again with GET and the
 // upstream's own Last-Event-ID, into the same stream, until it is answered
 // or fails (failureReason: why a stream cannot go on). The follower also
-// takes a call over from a replica that died (tap.go's takeOver).
+// takes a call over from a replica that died (takeOver), and takes its own
+// back once the store is reachable again (takeBack).
 
 import (
 	"context"

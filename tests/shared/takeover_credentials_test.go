@@ -25,7 +25,7 @@ import (
 // refreshes and resumes again, and B takes over with the fresh token), or
 // the call goes on: every progress notification once, and the result.
 func TestTakeoverWithAnExpiredTokenLetsTheClientRefresh(t *testing.T) {
-	t.Skip("review22: the upstream's 401 to a takeover GET with the bound, expired token fails the call for good")
+	t.Skip("open bug (issue 22): the upstream's 401 to a takeover GET with the bound, expired token fails the call for good")
 	iss := mcptest.NewJWTIssuer("https://as.example.test")
 	a, b := bearerReplicas(t, iss)
 	const n = 25
