@@ -261,8 +261,21 @@ func StartHandlerSndbuf(t testing.TB, h http.Handler, sndbuf int) string {
 	srv.Listener.Close()
 	srv.Listener = l
 	srv.Start()
-	t.Cleanup(srv.Close)
+	t.Cleanup(func() { closeServer(srv) })
 	return l.Addr().String()
+}
+
+// closeServer ends a test's upstream when the test is over, without
+// waiting for its handlers to end on their own: a call the proxy still
+// reads (its client vanished, its stream stalled on a full log) would hold
+// srv.Close until the proxy lets go, and a Caddy stopped in-process drains
+// its zone's running calls for up to drain_timeout (20 s) before it does.
+// The upstream's connections are cut instead, so the handlers' writes fail
+// and they return.
+func closeServer(srv *httptest.Server) {
+	srv.Listener.Close() // no new connections while the open ones are cut
+	srv.CloseClientConnections()
+	srv.Close()
 }
 
 // WaitFor polls cond every 20ms until it holds, and fails the test (saying
