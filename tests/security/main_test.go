@@ -13,4 +13,4 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-func TestMain(m *testing.M) { harness.MainBothStores(m) }
+func TestMain(m *testing.M) { harness.MainBothStores(m, harness.Shards{N: 1}) }
