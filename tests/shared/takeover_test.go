@@ -132,6 +132,7 @@ func callEvents(t *testing.T, evs []mcptest.Event, id string) (progress []float6
 // the other replica, which takes the upstream read over: every progress
 // notification once, in order, and the result.
 func TestTakeoverAfterTheProducerIsKilled(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]
@@ -162,6 +163,7 @@ func TestTakeoverAfterTheProducerIsKilled(t *testing.T) {
 // client resumes on the other replica with the last event ID it has: the
 // rest of the progress notifications once, and the result.
 func TestTakeoverWhenTheClientComesBack(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), "takeover_wait 30s"), demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]
@@ -205,6 +207,7 @@ func TestTakeoverWhenTheClientComesBack(t *testing.T) {
 // resuming client brought (and the upstream vouched for): the upstream
 // accepts it, the call goes on.
 func TestTakeoverCarriesTheResumingClientsToken(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	iss := mcptest.NewJWTIssuer("https://as.example.test")
 	mux := http.NewServeMux()
@@ -258,6 +261,7 @@ func TestTakeoverCarriesTheResumingClientsToken(t *testing.T) {
 // documented explicit failure (a gap and a JSON-RPC error for the request),
 // and a client resuming later gets exactly that.
 func TestTakeoverWaitEndsInTheExplicitFailure(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), "takeover_wait 3s"), demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]
@@ -302,6 +306,7 @@ func TestTakeoverWaitEndsInTheExplicitFailure(t *testing.T) {
 // failure on the replica that tried to take over: the client's call fails
 // loudly, and no progress notification comes twice.
 func TestTakeoverRefusedByTheUpstream(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), ""), demoserver.Options{EventStore: true, EventStoreMaxBytes: 400})
 	a, b := d.replicas[0], d.replicas[1]
@@ -337,6 +342,7 @@ func TestTakeoverRefusedByTheUpstream(t *testing.T) {
 // stream in its data directory and, when the client comes back, takes the
 // upstream read over from where the store left it.
 func TestTakeoverAfterRestartOfTheOnlyReplica(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, store string
 		stop        func(*replica) bool
@@ -385,6 +391,7 @@ func TestTakeoverAfterRestartOfTheOnlyReplica(t *testing.T) {
 // stores nothing more into the stream. One producer at a time: every
 // progress notification once, none lost, and the result.
 func TestTakeoverAcrossAPartitionOfTheProducer(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
 	cutOff, err := mcptest.NewRelay(real)
@@ -469,6 +476,7 @@ func requestStreams(ss []buffer.SessionInfo) []buffer.StreamInfo {
 // replica takes the call over itself, for the client still connected:
 // every progress notification once, and the result.
 func TestTakeoverByTheSameReplicaAfterAPartition(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
 	relay, err := mcptest.NewRelay(real)
