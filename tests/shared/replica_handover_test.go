@@ -525,8 +525,9 @@ func TestRollingRestartHandsTheStandaloneStreamOverWithoutA409(t *testing.T) {
 // GET of the session) pass it on: the client would get a 409 for a resume
 // instead of its gap. Each resume must get its 200. (review21: this attack
 // failed; it holds: the second adoption finds the first's session.)
+//
+// Not parallel: each round of adoptions must take under 2 s.
 func TestAdoptionsOnTwoReplicasAtOnce(t *testing.T) {
-	t.Parallel()
 	ns := testnet.NATS(t)
 	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}
 	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}

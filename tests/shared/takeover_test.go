@@ -260,8 +260,12 @@ func TestTakeoverCarriesTheResumingClientsToken(t *testing.T) {
 // No client comes back within takeover_wait: the call ends with the
 // documented explicit failure (a gap and a JSON-RPC error for the request),
 // and a client resuming later gets exactly that.
+//
+// Not parallel: its lower bound (failed no sooner than 5 s after the kill)
+// has tens of milliseconds to spare, and beside seven other tests it was
+// seen 44 ms short (the lease is renewed before the kill, and the kill's
+// time is taken once it returned).
 func TestTakeoverWaitEndsInTheExplicitFailure(t *testing.T) {
-	t.Parallel()
 	ns := testnet.NATS(t)
 	d := deploy(t, 2, storeNATS(natsURLs(ns), "takeover_wait 3s"), demoserver.Options{EventStore: true})
 	a, b := d.replicas[0], d.replicas[1]
