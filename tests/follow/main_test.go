@@ -16,6 +16,18 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-// Its legs run in turn, as tests/e2e's: side by side, the load made timing
-// races show (resumes racing a DELETE).
-func TestMain(m *testing.M) { harness.MainBothStoresInTurn(m) }
+// Its tests mostly wait (reconnect backoffs up to the 10 s cap, upstreams
+// that close their streams): each store's leg runs in two processes, side
+// by side, as tests/e2e's.
+func TestMain(m *testing.M) {
+	harness.MainBothStores(m, harness.Shards{N: 2, Seconds: map[string]float64{
+		"TestFollowsAStandaloneStreamTheServerCloses":      11,
+		"TestAHugeRetryIsTheLongestWait":                   10,
+		"TestFollowsAnUpstreamThatClosesItsStreams":        10,
+		"TestStandaloneReconnectStorm":                     7,
+		"TestPrimingOnlyStandaloneGETIsNotAskedForever":    6,
+		"TestEmptyStandaloneGETIsNotAskedForever":          5,
+		"TestIDlessStandaloneGreetingIsNotRepeatedForever": 3,
+		"TestFollowsAnUpstreamConnectionThatDrops":         3,
+	}})
+}

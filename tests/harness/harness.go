@@ -7,13 +7,11 @@
 package harness
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -22,73 +20,6 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
-
-// Main is the TestMain of every package that starts Caddy: it runs the
-// tests with Caddy's home, config and data directories in a temporary
-// directory (so no test reads or writes the user's), removes that, and exits
-// with the tests' code.
-func Main(m *testing.M) {
-	cleanup, err := mcptest.Isolate()
-	if err != nil {
-		panic(err)
-	}
-	code := m.Run()
-	cleanup()
-	os.Exit(code)
-}
-
-// storeEnv selects the store the suite runs against: "" (memory) or "nats".
-const storeEnv = "MCPR_TEST_STORE"
-
-// MainBothStores is Main for suites whose guarantees both stores must keep:
-// it runs the tests with the memory store and, at the same time in a child
-// process (same flags), with every mcp_resume block given the JetStream
-// store, embedded, in a directory of its own per Caddy started. Caddy runs
-// in-process, one per process, so the two legs overlap only as processes;
-// each has its own ports and directories. The child's output follows the
-// parent's.
-func MainBothStores(m *testing.M) { mainBothStores(m, true) }
-
-// MainBothStoresInTurn is MainBothStores with the JetStream leg after the
-// memory leg, for suites that measure the process (heap growth, stall
-// clocks): the other leg's load would be in their figures.
-func MainBothStoresInTurn(m *testing.M) { mainBothStores(m, false) }
-
-func mainBothStores(m *testing.M, overlap bool) {
-	if os.Getenv(storeEnv) == "nats" {
-		mcptest.StoreBlock = "store nats {\n embedded {env." + storeDirEnv + "}\n}"
-		Main(m)
-	}
-	cleanup, err := mcptest.Isolate()
-	if err != nil {
-		panic(err)
-	}
-	var childOut bytes.Buffer
-	child := exec.Command(os.Args[0], os.Args[1:]...)
-	child.Env = append(os.Environ(), storeEnv+"=nats")
-	child.Stdout, child.Stderr = &childOut, &childOut
-	var childErr error
-	if overlap {
-		childErr = child.Start()
-	}
-	code := m.Run()
-	cleanup()
-	switch {
-	case overlap && childErr == nil:
-		childErr = child.Wait()
-	case !overlap && code == 0:
-		childErr = child.Run()
-	case !overlap:
-		os.Exit(code) // the memory leg failed: the JetStream leg is not run
-	}
-	fmt.Fprintln(os.Stderr, "--- the same tests with the JetStream store (store nats { embedded })")
-	os.Stdout.Write(childOut.Bytes())
-	if childErr != nil {
-		fmt.Fprintln(os.Stderr, "the JetStream leg failed:", childErr)
-		code = 1
-	}
-	os.Exit(code)
-}
 
 // SharedStore reports whether this run of the suite uses the JetStream
 // store, for the few answers that differ: a restart loses nothing.
@@ -261,8 +192,21 @@ func StartHandlerSndbuf(t testing.TB, h http.Handler, sndbuf int) string {
 	srv.Listener.Close()
 	srv.Listener = l
 	srv.Start()
-	t.Cleanup(srv.Close)
+	t.Cleanup(func() { closeServer(srv) })
 	return l.Addr().String()
+}
+
+// closeServer ends a test's upstream when the test is over, without
+// waiting for its handlers to end on their own: a call the proxy still
+// reads (its client vanished, its stream stalled on a full log) would hold
+// srv.Close until the proxy lets go, and a Caddy stopped in-process drains
+// its zone's running calls for up to drain_timeout (20 s) before it does.
+// The upstream's connections are cut instead, so the handlers' writes fail
+// and they return.
+func closeServer(srv *httptest.Server) {
+	srv.Listener.Close() // no new connections while the open ones are cut
+	srv.CloseClientConnections()
+	srv.Close()
 }
 
 // WaitFor polls cond every 20ms until it holds, and fails the test (saying

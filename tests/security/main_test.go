@@ -13,4 +13,10 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-func TestMain(m *testing.M) { harness.MainBothStores(m) }
+func TestMain(m *testing.M) {
+	harness.MainBothStores(m, harness.Shards{N: 2, Seconds: map[string]float64{
+		"TestBadInputs":                               18,
+		"TestStolenSessionCannotBeTakenOver":          14,
+		"TestAnUnansweredCheckCostsItsTimeoutThen503": 10,
+	}})
+}

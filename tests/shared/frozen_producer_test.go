@@ -20,6 +20,7 @@ import (
 // closes that GET; B, asking again meanwhile, then opens its own, and what
 // the upstream sends next reaches the client on the stream it already has.
 func TestFrozenProducerThawsAndTheStandaloneStreamGoesOn(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}
 	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}

@@ -16,6 +16,7 @@ import (
 // the call whose client was cut ends whole into the store and its client
 // gets the result once mcp_resume is back.
 func TestExitWaitsForTheDrainOfAReloadThatRemovedTheModule(t *testing.T) {
+	t.Parallel()
 	store := "store nats {\n embedded\n drain_timeout 20s\n}"
 	r, up := startOne(t, store)
 	rc := harness.NewSession(t, "http://"+r.addr(), "2025-06-18")

@@ -31,6 +31,7 @@ import (
 // its own conflict until the frozen GET goes), not a 409 that makes SDK
 // clients give up their standalone stream for the rest of the session.
 func TestFrozenProducerReplicaIsNotA409ForTheClient(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}
 	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
@@ -90,6 +91,7 @@ func TestFrozenProducerReplicaIsNotA409ForTheClient(t *testing.T) {
 // client must get its stream back (200) after every reload. (review21:
 // this attack failed; it holds.)
 func TestReloadThatReplacesTheZoneIsNotA409ForTheStandaloneClient(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}
 	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
@@ -155,6 +157,7 @@ func TestReloadThatReplacesTheZoneIsNotA409ForTheStandaloneClient(t *testing.T) 
 // resume of the same stream takes it over and ends the first quietly, by
 // design.)
 func TestDeleteOnOneReplicaRacingResumesOnBoth(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	up := &mcptest.Upstream{Tools: map[string]mcptest.Tool{
 		"long": func(w http.ResponseWriter, r *http.Request, req *mcptest.Request) {
@@ -334,6 +337,7 @@ func (u *cursorUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Last-Event-ID it sent, never two GETs at once, and the client each
 // notice once, in order.
 func TestPrimingUpstreamCursorHandoverAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	up := &cursorUpstream{Upstream: &mcptest.Upstream{}}
 	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
@@ -408,6 +412,7 @@ func TestPrimingUpstreamCursorHandoverAcrossReplicas(t *testing.T) {
 // should this one: the README says an old nats zone drains its running
 // calls into the shared store until they end.
 func TestReloadThatRenamesTheZoneDrainsItsCalls(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	d := &deployment{t: t, upstream: harness.StartDemo(t, demoserver.Options{})}
 	store := storeNATS(natsURLs(ns), "")
@@ -448,6 +453,7 @@ func TestReloadThatRenamesTheZoneDrainsItsCalls(t *testing.T) {
 // Each reconnect must get its stream (200). (review21: this attack failed;
 // it holds.)
 func TestRollingRestartHandsTheStandaloneStreamOverWithoutA409(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}
 	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
@@ -519,6 +525,8 @@ func TestRollingRestartHandsTheStandaloneStreamOverWithoutA409(t *testing.T) {
 // GET of the session) pass it on: the client would get a 409 for a resume
 // instead of its gap. Each resume must get its 200. (review21: this attack
 // failed; it holds: the second adoption finds the first's session.)
+//
+// Not parallel: each round of adoptions must take under 2 s.
 func TestAdoptionsOnTwoReplicasAtOnce(t *testing.T) {
 	ns := testnet.NATS(t)
 	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}

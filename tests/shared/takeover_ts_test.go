@@ -114,6 +114,7 @@ type tsReport struct {
 // Either way B takes the upstream read over: every progress notification
 // once, and the result.
 func TestTakeoverWithTheTypeScriptSDK(t *testing.T) {
+	t.Parallel()
 	tsReady(t)
 	for _, tc := range []struct {
 		name string

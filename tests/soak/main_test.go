@@ -15,4 +15,11 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-func TestMain(m *testing.M) { harness.MainBothStores(m) }
+// Each leg runs in two processes: the 40 s soak in one, the rest in the
+// other.
+func TestMain(m *testing.M) {
+	harness.MainBothStores(m, harness.Shards{N: 2, Seconds: map[string]float64{
+		"TestSoakDisconnectResume":        47,
+		"TestEndedStreamsLeaveTheSession": 21,
+	}})
+}

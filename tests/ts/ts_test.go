@@ -50,7 +50,20 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/tests/harness"
 )
 
-func TestMain(m *testing.M) { harness.Main(m) }
+// The suite waits on Node processes and token lifetimes: it runs in two
+// processes side by side, TestOAuthRotation (six rotations of 7 s) in one.
+func TestMain(m *testing.M) {
+	// Installed here, before the shards start: two at once would each run
+	// npm ci into the same node_modules.
+	setupOnce.Do(setupNode)
+	harness.MainSharded(m, harness.Shards{N: 2, Seconds: map[string]float64{
+		"TestOAuthRotation":                          44,
+		"TestFollowsATypeScriptUpstreamThatPolls":    11,
+		"TestToolCallSurvivesConnectionCut":          9,
+		"TestToolCallWithoutProxyIsLost":             5,
+		"TestOAuthSDKResumeAfter401DropsLastEventID": 4,
+	}})
+}
 
 const (
 	n        = 12
@@ -93,30 +106,34 @@ var (
 // (npm ci, from package-lock.json) if node_modules is missing.
 func nodeReady(t *testing.T) {
 	t.Helper()
-	setupOnce.Do(func() {
-		for _, tool := range []string{"node", "npm"} {
-			if _, err := exec.LookPath(tool); err != nil {
-				setupSkip = tool + " not found on PATH"
-				return
-			}
-		}
-		if _, err := os.Stat(filepath.Join("node_modules", "@modelcontextprotocol", "sdk", "package.json")); err == nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			setupErr = fmt.Errorf("npm ci in tests/ts: %v\n%s", err, out.String())
-		}
-	})
+	setupOnce.Do(setupNode)
 	if setupSkip != "" {
 		t.Skipf("requires Node.js and npm (%s)", setupSkip)
 	}
 	if setupErr != nil {
 		t.Fatal(setupErr)
+	}
+}
+
+// setupNode finds node and npm and installs the SDK into node_modules
+// unless it is there.
+func setupNode() {
+	for _, tool := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			setupSkip = tool + " not found on PATH"
+			return
+		}
+	}
+	if _, err := os.Stat(filepath.Join("node_modules", "@modelcontextprotocol", "sdk", "package.json")); err == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		setupErr = fmt.Errorf("npm ci in tests/ts: %v\n%s", err, out.String())
 	}
 }
 
