@@ -30,6 +30,7 @@ import (
 // should go on (every progress once, and the result), as the standalone
 // stream rides out the same 409 (TestFrozenProducerReplicaIsNotA409ForTheClient).
 func TestTakeoverFromAFrozenProducerRidesOutTheUpstreams409(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 2, "")
 	a, b := d.replicas[0], d.replicas[1]
 	const n = 30
@@ -69,6 +70,7 @@ func TestTakeoverFromAFrozenProducerRidesOutTheUpstreams409(t *testing.T) {
 // read, its relay's reader finds no producer): every progress once, and
 // the result, with the other replica's sweeper waiting takeover_wait.
 func TestFrozenProducerThawsAndTakesItsCallBack(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 2, "")
 	a := d.replicas[0]
 	c := d.client("2025-11-25")
@@ -91,6 +93,7 @@ func TestFrozenProducerThawsAndTakesItsCallBack(t *testing.T) {
 // lease decides), and no event reaches a client twice: the connection that
 // reads to the end gets every progress notification once and the result.
 func TestTakeoverRacedOnTwoReplicasHasOneProducer(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 3, "takeover_wait 30s")
 	a, b, c := d.replicas[0], d.replicas[1], d.replicas[2]
 	const n = 20
@@ -149,6 +152,7 @@ func TestTakeoverRacedOnTwoReplicasHasOneProducer(t *testing.T) {
 // produces. C relays what B stores (B's producer lives: C does not take
 // over): every progress notification once, and the result.
 func TestTakeoverReadOnAThirdReplica(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 3, "")
 	a, b, c := d.replicas[0], d.replicas[1], d.replicas[2]
 	const n = 25
@@ -168,6 +172,7 @@ func TestTakeoverReadOnAThirdReplica(t *testing.T) {
 // learns it explicitly (an error for its request, no result), and B's
 // takeover stops: it asks the upstream nothing more, and holds nothing.
 func TestDeleteOnAThirdReplicaEndsATakeover(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 3, "")
 	a, b, c := d.replicas[0], d.replicas[1], d.replicas[2]
 	ca, first := callThenKill(t, a, "2025-11-25", 60, 200, 4)
@@ -206,6 +211,7 @@ func TestDeleteOnAThirdReplicaEndsATakeover(t *testing.T) {
 // on C, which takes it over from B (from the upstream cursor B stored):
 // every progress notification once, and the result.
 func TestTakeoverOfATakeover(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 3, "")
 	a, b, c := d.replicas[0], d.replicas[1], d.replicas[2]
 	const n = 30
@@ -238,6 +244,7 @@ func TestTakeoverOfATakeover(t *testing.T) {
 // and once NATS is back A takes its own takeover back: every progress
 // notification once, and the result.
 func TestTakeoverCutOffFromNATSTakesItselfBack(t *testing.T) {
+	t.Parallel()
 	d, relay, real := deployCutOff(t)
 	a, b := d.replicas[0], d.replicas[1]
 	const n = 40
@@ -281,6 +288,7 @@ func goroutines(t *testing.T, r *replica) int {
 // its end: B's goroutines come back to where they were; a takeover leaves
 // nothing running behind it.
 func TestTakeoversLeaveNoGoroutineBehind(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 2, "takeover_wait 30s")
 	a, b := d.replicas[0], d.replicas[1]
 	const rounds = 4

@@ -44,6 +44,7 @@ func (s *swappable) swap(h http.Handler) {
 // upstream's 404. The client must get the explicit failure at once (an
 // error for its request), never silence, and no progress twice.
 func TestTakeoverAfterTheUpstreamForgotTheSession(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	up := &swappable{h: demoserver.New(demoserver.Options{EventStore: true})}
 	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
@@ -74,6 +75,7 @@ func TestTakeoverAfterTheUpstreamForgotTheSession(t *testing.T) {
 // says nothing of the session"): another endpoint's 404 is no verdict on
 // the session, yet it ends the call and deletes the session everywhere.
 func TestTakeoverAsksTheEndpointTheSessionBeganOn(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 2, "")
 	a, b := d.replicas[0], d.replicas[1]
 	const n = 20
@@ -121,6 +123,7 @@ func resendsBefore(k int) func(http.Handler) http.Handler {
 // must not reach the client twice either (issue 22: "each event once:
 // repeats from the upstream's replay dropped"; DESIGN.md, Takeover).
 func TestTakeoverDropsWhatTheUpstreamsReplayRepeats(t *testing.T) {
+	t.Parallel()
 	t.Skip("open bug (issue 22): a takeover has no repeat filter: what the upstream's replay resends reaches the client twice")
 	ns := testnet.NATS(t)
 	d := upstreamBehind(t, resendsBefore(2))
@@ -145,6 +148,7 @@ func TestTakeoverDropsWhatTheUpstreamsReplayRepeats(t *testing.T) {
 // proxy resumes itself (the call's stream closed by the server, SSE
 // polling): the repeat filter drops what the replay resends.
 func TestReconnectDropsWhatTheUpstreamsReplayRepeats(t *testing.T) {
+	t.Parallel()
 	d := upstreamBehind(t, resendsBefore(2))
 	ns := testnet.NATS(t)
 	a := d.start("r1", storeNATS(natsURLs(ns), ""), true)
@@ -166,6 +170,7 @@ func TestReconnectDropsWhatTheUpstreamsReplayRepeats(t *testing.T) {
 // event. The upstream that keeps its events must not fare worse: the
 // client coming back after takeover_wait gets the rest and the result.
 func TestNATSOutageDoesNotFailACallWhoseClientIsAway(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		eventStore bool
@@ -192,6 +197,7 @@ func TestNATSOutageDoesNotFailACallWhoseClientIsAway(t *testing.T) {
 // only, and the client gets each call's progress once and each result
 // once: the one answered before the kill is not answered again (nor failed).
 func TestTakeoverOfABatchWithOneRequestAnswered(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 2, "")
 	a, b := d.replicas[0], d.replicas[1]
 	ca := harness.NewSession(t, "http://"+a.addr(), "2025-03-26")
@@ -258,6 +264,7 @@ func TestTakeoverOfABatchWithOneRequestAnswered(t *testing.T) {
 // taken over for it, not left to wait in silence until takeover_wait ends
 // it with the failure.
 func TestTakeoverForARepeatedPOST(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 2, "takeover_wait 5s")
 	a, b := d.replicas[0], d.replicas[1]
 	const n = 20
@@ -290,6 +297,7 @@ func TestTakeoverForARepeatedPOST(t *testing.T) {
 // dies in that silence; B must take the call over from that cursor, not
 // fail it at lease_ttl as if the upstream had no event IDs.
 func TestTakeoverBeforeTheFirstEventFromThePrimingCursor(t *testing.T) {
+	t.Parallel()
 	d := deployTakeover(t, 2, "")
 	a, b := d.replicas[0], d.replicas[1]
 	const n = 3
@@ -325,6 +333,7 @@ func TestTakeoverBeforeTheFirstEventFromThePrimingCursor(t *testing.T) {
 // the draining replica hands it over (its lease released, the stream left
 // live): every progress notification once, and the result.
 func TestTakeoverInARollingRestart(t *testing.T) {
+	t.Parallel()
 	ns := testnet.NATS(t)
 	store := fmt.Sprintf("store nats {\n url %s\n lease_ttl 2s\n drain_timeout 1s\n}", ns.ClientURL())
 	d := deploy(t, 2, store, demoserver.Options{EventStore: true})
