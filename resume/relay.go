@@ -41,6 +41,9 @@ type relay struct {
 	replayUpTo uint64
 	dst        [][]byte
 	delivered  uint64 // the last seq written to the client
+	// wroteEvents: events went to the client on this connection (each
+	// with its ID).
+	wroteEvents bool
 	// takeover, if set, is called when the reader of a request stream finds
 	// its producer gone (a shared store's producer replica died): this
 	// replica may take the upstream read over (takeover.go).
@@ -115,7 +118,7 @@ func (rl *relay) run(ctx context.Context) {
 				return
 			}
 			rl.rd.Delivered(b.Last)
-			rl.delivered = b.Last
+			rl.delivered, rl.wroteEvents = b.Last, true
 			rl.tookOverAt = time.Time{} // events flow: a later death is paced afresh
 			if rl.replayUpTo > 0 && b.First <= rl.replayUpTo {
 				replayed.Add(float64(min(b.Last, rl.replayUpTo) - b.First + 1))
@@ -124,6 +127,14 @@ func (rl *relay) run(ctx context.Context) {
 		switch {
 		case err == nil:
 		case stopping.Err() != nil:
+			if !rl.wroteEvents {
+				// Cut before any event with an ID on this connection (a
+				// resume at head, or one that came as the drain began): the
+				// client's own position first, an ID with no data, which no
+				// SSE client dispatches. The Go SDK takes a stream cut with
+				// no ID in it for the call lost; with it, it resumes again.
+				rl.write(sse.AppendID(nil, string(eventid.Append(nil, rl.sess.Epoch(), rl.stream.Num(), rl.delivered))), []byte("\n"))
+			}
 			abortClient(rl.w)
 			return
 		case ctx.Err() != nil:

@@ -2,6 +2,7 @@ package resume
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
@@ -306,5 +308,36 @@ func TestAPanickingUpstreamFailsItsStream(t *testing.T) {
 	evs := events(t, rec.Body.String())
 	if len(evs) < 2 || !strings.Contains(evs[0].Data, "notifications/progress") || !strings.Contains(rec.Body.String(), "-32010") {
 		t.Fatalf("the client got %q, want the progress then the failure", rec.Body.String())
+	}
+}
+
+// A relay the stopping process cuts before it wrote an event on its
+// connection (a resume at head) gives the client its own position first,
+// an ID with no data: a client that took a stream with no ID in it for the
+// call lost (the Go SDK) resumes again from it.
+func TestARelayCutByTheStopLeavesTheClientAnID(t *testing.T) {
+	t.Parallel()
+	h := testHandler(t)
+	sess := newSession(t, h, "2025-11-25")
+	str, err := sess.NewStream([]string{`1`}, [32]byte{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: {}\n")}); err != nil {
+		t.Fatal(err)
+	}
+	srv := relayServer(t, h, &upstream{})
+	at := string(eventid.Append(nil, sess.Epoch(), 1, 1))
+	resp := resumeReq(t, srv.URL, at) // at head
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, ":") {
+		t.Fatalf("first line %q, %v: want the comment that releases the headers", line, err)
+	}
+	br.ReadString('\n')
+	h.rt.Stop()
+	rest, _ := io.ReadAll(br)
+	if want := "id: " + at + "\n\n"; string(rest) != want {
+		t.Fatalf("after the stop the client got %q, want %q", rest, want)
 	}
 }
