@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -105,15 +106,8 @@ func BenchmarkShortCall(b *testing.B) {
 		fmt.Fprintf(w, "event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":%d,\"result\":{\"content\":[{\"type\":\"text\",\"text\":\"counted to 1\"}]}}\n\n", id)
 	})
 	request := func() *http.Request {
-		id++ // a new call each time: a repeated one is answered from its stream
-		body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"count","arguments":{"n":1},"_meta":{"progressToken":1}}}`, id)
-		r := httptest.NewRequest("POST", "/mcp", strings.NewReader(body))
-		r.Header.Set("Content-Type", "application/json")
-		r.Header.Set("Accept", "application/json, text/event-stream")
-		r.Header.Set(hdrSessionID, "sess-1")
-		r.Header.Set(hdrVersion, "2025-11-25")
-		r.Header.Set("Authorization", "Bearer x")
-		return r
+		id++                          // a new call each time: a repeated one is answered from its stream
+		return post(strconv.Itoa(id)) // tap_test.go's tools/call of session sess-1
 	}
 	check := func(b *testing.B, rec *httptest.ResponseRecorder) {
 		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "counted to 1") {
