@@ -3,6 +3,7 @@ package shared
 import (
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -231,4 +232,16 @@ func cutOffFromNATS(t *testing.T, relay *mcptest.Relay, real string, r *replica)
 	r.waitStoreUp(t, 0)
 	time.Sleep(6 * time.Second) // 3 x lease_ttl (2s)
 	relay.SetTarget(real)
+}
+
+// openBug skips a test that reproduces a known, open bug (what it shows
+// says why), unless MCPR_OPEN_BUGS=1 asks for the open bugs to be run:
+// `MCPR_OPEN_BUGS=1 go test -race -run TestName ./tests/shared` reproduces
+// one. The suite stays green while the bug is open; the test runs as soon
+// as the bug is fixed and its call is removed.
+func openBug(t *testing.T, issue int, what string) {
+	t.Helper()
+	if os.Getenv("MCPR_OPEN_BUGS") != "1" {
+		t.Skipf("open bug of issue %d, reproduced with MCPR_OPEN_BUGS=1: %s", issue, what)
+	}
 }
