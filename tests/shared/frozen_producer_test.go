@@ -21,40 +21,10 @@ import (
 // the upstream sends next reaches the client on the stream it already has.
 func TestFrozenProducerThawsAndTheStandaloneStreamGoesOn(t *testing.T) {
 	t.Parallel()
-	ns := testnet.NATS(t)
-	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}
-	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
-	a := d.start("r1", storeNATS(natsURLs(ns), ""), true)
-	b := d.start("r2", storeNATS(natsURLs(ns), ""), true)
-	d.replicas = []*replica{a, b}
-
-	cl := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
-	resp := cl.Request("GET", "", nil)
-	cursor := harness.ReadEvents(t, resp, 1)[0].ID // the priming event
-	resp.Body.Close()
-	harness.WaitFor(t, 10*time.Second, "A's upstream GET to be open", func() bool { return up.Open(cl.SessionID) == 1 })
-
-	if err := syscall.Kill(a.Pid(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	thawed := false
-	thaw := func() {
-		if !thawed {
-			thawed = true
-			syscall.Kill(a.Pid(), syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(thaw)
-	time.Sleep(3 * time.Second) // lease_ttl 2s: A's lease lapsed
-
-	onB := *cl.Client
-	onB.URL = "http://" + b.addr() + "/mcp"
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	r, err := onB.Resume(ctx, cursor)
-	if err != nil {
-		t.Fatalf("resume on B: %v", err)
-	}
+	f := freezeTheProducer(t, ctx)
+	up, b, cl, onB, r, thaw := f.up, f.b, f.cl, f.onB, f.resp, f.thaw
 	defer r.Body.Close()
 	if r.StatusCode != http.StatusOK {
 		t.Fatalf("resume on B: %d, want 200", r.StatusCode)
@@ -91,4 +61,57 @@ func TestFrozenProducerThawsAndTheStandaloneStreamGoesOn(t *testing.T) {
 	if strings.Contains(b.Logs(), "stopped asking") {
 		t.Errorf("B gave up asking")
 	}
+}
+
+// frozenProducer is a standalone stream whose producer replica (A) is
+// frozen (SIGSTOP) past its lease with the session's upstream GET open,
+// and the client's resume of it on B.
+type frozenProducer struct {
+	up   *mcptest.OneGET
+	a, b *replica
+	cl   *harness.RawClient
+	onB  mcptest.Client // the client, talking to B
+	resp *http.Response // its resume on B
+	thaw func()         // SIGCONT to A (once; also at cleanup)
+}
+
+// freezeTheProducer opens the session's standalone stream on A, freezes A
+// once its upstream GET is open, waits past lease_ttl, and resumes the
+// stream on B within ctx.
+func freezeTheProducer(t *testing.T, ctx context.Context) frozenProducer {
+	t.Helper()
+	ns := testnet.NATS(t)
+	f := frozenProducer{up: &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}}
+	d := &deployment{t: t, upstream: harness.StartHandler(t, f.up)}
+	f.a = d.start("r1", storeNATS(natsURLs(ns), ""), true)
+	f.b = d.start("r2", storeNATS(natsURLs(ns), ""), true)
+	d.replicas = []*replica{f.a, f.b}
+
+	f.cl = harness.NewSession(t, "http://"+f.a.addr(), "2025-11-25")
+	resp := f.cl.Request("GET", "", nil)
+	cursor := harness.ReadEvents(t, resp, 1)[0].ID // the priming event
+	resp.Body.Close()
+	harness.WaitFor(t, 10*time.Second, "A's upstream GET to be open", func() bool { return f.up.Open(f.cl.SessionID) == 1 })
+
+	if err := syscall.Kill(f.a.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	thawed := false
+	f.thaw = func() {
+		if !thawed {
+			thawed = true
+			syscall.Kill(f.a.Pid(), syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(f.thaw)
+	time.Sleep(3 * time.Second) // lease_ttl 2s: A's lease lapsed
+
+	f.onB = *f.cl.Client
+	f.onB.URL = "http://" + f.b.addr() + "/mcp"
+	r, err := f.onB.Resume(ctx, cursor)
+	if err != nil {
+		t.Fatalf("resume on B: %v", err)
+	}
+	f.resp = r
+	return f
 }

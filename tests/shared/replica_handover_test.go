@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,40 +31,10 @@ import (
 // clients give up their standalone stream for the rest of the session.
 func TestFrozenProducerReplicaIsNotA409ForTheClient(t *testing.T) {
 	t.Parallel()
-	ns := testnet.NATS(t)
-	up := &mcptest.OneGET{Next: demoserver.New(demoserver.Options{EventStore: true})}
-	d := &deployment{t: t, upstream: harness.StartHandler(t, up)}
-	a := d.start("r1", storeNATS(natsURLs(ns), ""), true)
-	b := d.start("r2", storeNATS(natsURLs(ns), ""), true)
-	d.replicas = []*replica{a, b}
-
-	cl := harness.NewSession(t, "http://"+a.addr(), "2025-11-25")
-	resp := cl.Request("GET", "", nil)
-	cursor := harness.ReadEvents(t, resp, 1)[0].ID // the priming event
-	resp.Body.Close()
-	harness.WaitFor(t, 10*time.Second, "A's upstream GET to be open", func() bool { return up.Open(cl.SessionID) == 1 })
-
-	if err := syscall.Kill(a.Pid(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	thawed := false
-	thaw := func() {
-		if !thawed {
-			thawed = true
-			syscall.Kill(a.Pid(), syscall.SIGCONT)
-		}
-	}
-	t.Cleanup(thaw)
-	time.Sleep(3 * time.Second) // lease_ttl 2s: A's lease lapsed
-
-	onB := *cl.Client
-	onB.URL = "http://" + b.addr() + "/mcp"
 	ctx, cancel := context.WithTimeout(t.Context(), 25*time.Second)
 	defer cancel()
-	r, err := onB.Resume(ctx, cursor)
-	if err != nil {
-		t.Fatalf("resume on B: %v", err)
-	}
+	f := freezeTheProducer(t, ctx)
+	up, r, thaw := f.up, f.resp, f.thaw
 	defer r.Body.Close()
 	status := r.StatusCode
 	var body []byte
