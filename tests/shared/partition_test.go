@@ -3,7 +3,6 @@ package shared
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,14 +18,22 @@ import (
 // ends with its result and every progress notification once.
 func TestPartitionLongerThanLeaseTTL(t *testing.T) {
 	t.Parallel()
-	ns := testnet.NATS(t)
-	real := strings.TrimPrefix(ns.ClientURL(), "nats://")
-	relay, err := mcptest.NewRelay(real)
-	if err != nil {
-		t.Fatal(err)
+	a := callAcrossAPartition(t, demoserver.Options{})
+	if early := metric(t, a, "caddy_mcp_resume_events_evicted_before_ack_total"); early != 0 {
+		t.Errorf("events_evicted_before_ack_total = %v", early)
 	}
-	t.Cleanup(func() { relay.Close() })
-	d := deploy(t, 1, storeNATS([]string{"nats://" + relay.Addr()}, ""), demoserver.Options{})
+}
+
+// callAcrossAPartition runs a call of 40 progress notifications (200 ms
+// apart) on the only replica, whose NATS connections a relay cuts after
+// the fourth and keeps cut for three lease_ttl, its client connected
+// throughout; it checks the result and every notification once, in order,
+// and returns the replica.
+func callAcrossAPartition(t *testing.T, upstream demoserver.Options) *replica {
+	t.Helper()
+	ns := testnet.NATS(t)
+	relay, real := natsRelay(t, ns)
+	d := deploy(t, 1, storeNATS([]string{"nats://" + relay.Addr()}, ""), upstream)
 	a := d.replicas[0]
 	c := d.client("2025-11-25")
 	const n = 40
@@ -51,7 +58,5 @@ func TestPartitionLongerThanLeaseTTL(t *testing.T) {
 		t.Fatalf("result %q", got)
 	}
 	assertOnceInOrder(t, c, n)
-	if early := metric(t, a, "caddy_mcp_resume_events_evicted_before_ack_total"); early != 0 {
-		t.Errorf("events_evicted_before_ack_total = %v", early)
-	}
+	return a
 }

@@ -389,33 +389,7 @@ func requestStreams(ss []buffer.SessionInfo) []buffer.StreamInfo {
 // every progress notification once, and the result.
 func TestTakeoverByTheSameReplicaAfterAPartition(t *testing.T) {
 	t.Parallel()
-	ns := testnet.NATS(t)
-	relay, real := natsRelay(t, ns)
-	d := deploy(t, 1, storeNATS([]string{"nats://" + relay.Addr()}, ""), demoserver.Options{EventStore: true})
-	a := d.replicas[0]
-	c := d.client("2025-11-25")
-	const n = 40
-	done := c.After(4, func() int {
-		relay.SetTarget("127.0.0.1:1")
-		cut := relay.Cut(true)
-		a.waitStoreUp(t, 0)
-		time.Sleep(6 * time.Second) // 3 x lease_ttl (2s)
-		relay.SetTarget(real)
-		return cut
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	res, err := c.Session.CallTool(ctx, mcptest.CountParams(n, 200))
-	if cut := <-done; cut == 0 {
-		t.Fatal("the relay cut no NATS connection")
-	}
-	if err != nil {
-		t.Fatalf("call across the partition: %v", err)
-	}
-	if got := mcptest.ResultText(res); got != fmt.Sprintf("counted to %d", n) {
-		t.Fatalf("result %q", got)
-	}
-	assertOnceInOrder(t, c, n)
+	a := callAcrossAPartition(t, demoserver.Options{EventStore: true})
 	takenOver(t, a, true)
 	noEarlyEviction(t, a)
 }
