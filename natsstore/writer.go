@@ -199,6 +199,10 @@ func (w *writer) addLocked(e buffer.Entry) uint64 {
 		w.upstream = e.Upstream
 	}
 	w.unnoted = false // this batch carries any note before it
+	if w.noteTimer != nil {
+		w.noteTimer.Stop()
+		w.noteTimer = nil
+	}
 	b.upstream = w.upstream
 	b.ups = append(b.ups, w.upstream)
 	w.head, w.headOff = seq, w.headOff+int64(n)
