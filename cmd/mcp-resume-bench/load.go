@@ -292,14 +292,21 @@ func (l *loader) calls(ctx context.Context, c command) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
+	return l.timed(c, func(i, j int) error { return shortCall(ctx, cs[i], j+2) })
+}
+
+// timed runs one(i, j) for j below Total/Streams in each of Streams
+// workers i at once, and measures them: Events is how many ran, P50/P99/Max
+// their latency, CPU the proxy's.
+func (l *loader) timed(c command, one func(i, j int) error) (result, error) {
 	per := max(c.Total/c.Streams, 1)
 	lats := make([][]float64, c.Streams)
 	cpu0, t0 := l.mark(), time.Now()
-	err = mcptest.Parallel(c.Streams, c.Streams, func(i int) error {
+	err := mcptest.Parallel(c.Streams, c.Streams, func(i int) error {
 		lats[i] = make([]float64, 0, per)
 		for j := range per {
 			start := time.Now()
-			if err := shortCall(ctx, cs[i], j+2); err != nil {
+			if err := one(i, j); err != nil {
 				return err
 			}
 			lats[i] = append(lats[i], float64(time.Since(start).Nanoseconds())/1e3)
@@ -317,30 +324,14 @@ func (l *loader) calls(ctx context.Context, c command) (result, error) {
 // initialize, notifications/initialized, one short call, DELETE), Total
 // sessions in all; Events is the sessions run, P50/P99/Max their latency.
 func (l *loader) churn(ctx context.Context, c command) (result, error) {
-	per := max(c.Total/c.Streams, 1)
-	lats := make([][]float64, c.Streams)
-	cpu0, t0 := l.mark(), time.Now()
-	err := mcptest.Parallel(c.Streams, c.Streams, func(i int) error {
-		lats[i] = make([]float64, 0, per)
-		for range per {
-			start := time.Now()
-			s := mcptest.NewClient(c.Base, protocolVersion, l.hc)
-			if err := s.Initialize(ctx); err != nil {
-				return err
-			}
-			if err := shortCall(ctx, s, 1); err != nil {
-				return err
-			}
-			if err := s.Delete(ctx); err != nil {
-				return err
-			}
-			lats[i] = append(lats[i], float64(time.Since(start).Nanoseconds())/1e3)
+	return l.timed(c, func(int, int) error {
+		s := mcptest.NewClient(c.Base, protocolVersion, l.hc)
+		if err := s.Initialize(ctx); err != nil {
+			return err
 		}
-		return nil
+		if err := shortCall(ctx, s, 1); err != nil {
+			return err
+		}
+		return s.Delete(ctx)
 	})
-	r := result{Elapsed: time.Since(t0)}
-	r.CPU = l.mark() - cpu0
-	all := slices.Concat(lats...)
-	r.Events, r.P50, r.P99, r.Max = int64(len(all)), percentile(all, 50), percentile(all, 99), percentile(all, 100)
-	return r, err
 }
