@@ -144,8 +144,16 @@ func legName(leg string, legs, i, n int) string {
 
 // runArgs is this process's arguments for a child that runs the tests run
 // matches ("": those this process's flags select).
+// A child never gets -test.testlogfile: go test keys its cache of the
+// result on what the parent's log records this process read, and a child
+// writing the same log would replace it.
 func runArgs(run string) []string {
-	args := append([]string(nil), os.Args[1:]...)
+	var args []string
+	for _, a := range os.Args[1:] {
+		if !strings.HasPrefix(a, "-test.testlogfile") {
+			args = append(args, a)
+		}
+	}
 	if run != "" {
 		args = append(args, "-test.run="+run)
 	}
