@@ -127,12 +127,14 @@ func (rl *relay) run(ctx context.Context) {
 		switch {
 		case err == nil:
 		case stopping.Err() != nil:
-			if !rl.wroteEvents {
+			if !rl.wroteEvents && primes(rl.sess.Meta().Version) {
 				// Cut before any event with an ID on this connection (a
 				// resume at head, or one that came as the drain began): the
 				// client's own position first, an ID with no data, which no
 				// SSE client dispatches. The Go SDK takes a stream cut with
 				// no ID in it for the call lost; with it, it resumes again.
+				// Only for versions whose streams start with a priming event:
+				// older clients get no event without data anywhere.
 				rl.write(sse.AppendID(nil, string(eventid.Append(nil, rl.sess.Epoch(), rl.stream.Num(), rl.delivered))), []byte("\n"))
 			}
 			abortClient(rl.w)
