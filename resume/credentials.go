@@ -230,7 +230,11 @@ func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, si
 			return goOn, err
 		}
 	}
-	if b.sess != nil {
+	if b.sess != nil && a.Bearer {
+		// Only a credential the binding checks (the one bound, or one the
+		// upstream just vouched for): under a binding of other values any
+		// token passes here, and one the upstream then refuses must not
+		// become what a takeover carries.
 		h.rt.freshest.note(b.sess, r)
 	}
 	return true, nil
