@@ -282,6 +282,16 @@ func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, strea
 	go func() {
 		defer h.rt.reads.Add(-1)
 		defer t.close()
+		defer func() {
+			// No net/http here to recover a panic of the next handler (an
+			// in-process upstream's bug): the process must not go with it.
+			// Its stream fails loudly (the tap did already, if tapping).
+			if p := recover(); p != nil && t.stream.View().State == policy.Live {
+				h.logger.Error("the upstream handler panicked: its stream fails", zap.String("session", sess.ID()),
+					zap.Uint32("stream", stream.Num()), zap.Any("panic", p))
+				t.fail(policy.ReasonUpstreamFailed)
+			}
+		}()
 		if len(t.pending) == 0 {
 			// Its producer stored every answer and died before the end.
 			t.stream.Complete()
