@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -26,6 +25,7 @@ var tsDir = filepath.Join("..", "ts")
 
 var (
 	tsOnce sync.Once
+	tsSkip string
 	tsErr  error
 )
 
@@ -33,20 +33,10 @@ var (
 // package-lock.json) if tests/ts has no node_modules yet.
 func tsReady(t *testing.T) {
 	t.Helper()
-	tsOnce.Do(func() {
-		if _, err := os.Stat(filepath.Join(tsDir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err == nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-		cmd.Dir = tsDir
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Run(); err != nil {
-			tsErr = fmt.Errorf("npm ci in tests/ts: %v\n%s", err, out.String())
-		}
-	})
+	tsOnce.Do(func() { tsSkip, tsErr = harness.TypeScriptSDK(tsDir) })
+	if tsSkip != "" {
+		t.Skipf("requires Node.js and npm (%s)", tsSkip)
+	}
 	if tsErr != nil {
 		t.Fatal(tsErr)
 	}

@@ -35,9 +35,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -115,26 +113,9 @@ func nodeReady(t *testing.T) {
 	}
 }
 
-// setupNode finds node and npm and installs the SDK into node_modules
-// unless it is there.
+// setupNode installs the SDK into node_modules unless it is there.
 func setupNode() {
-	for _, tool := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			setupSkip = tool + " not found on PATH"
-			return
-		}
-	}
-	if _, err := os.Stat(filepath.Join("node_modules", "@modelcontextprotocol", "sdk", "package.json")); err == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		setupErr = fmt.Errorf("npm ci in tests/ts: %v\n%s", err, out.String())
-	}
+	setupSkip, setupErr = harness.TypeScriptSDK(".")
 }
 
 // runClient runs client.mjs against endpoint and returns its report.
