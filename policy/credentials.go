@@ -35,6 +35,10 @@ type Access struct {
 	// CredentialMatch: the request's Authorization is the one bound (both
 	// absent counts as a match).
 	CredentialMatch bool
+	// UpstreamRefused: the upstream refused the request's credential (401
+	// or 403) on a GET the proxy made for the session with it (a takeover,
+	// a reconnect), so it is not to be answered from the log on its say.
+	UpstreamRefused bool
 	// RebindOff: the operator turned rebinding off: a changed credential is
 	// another owner, as the binding of the proxy's first versions had it.
 	RebindOff bool
@@ -64,13 +68,17 @@ func (d AccessDecision) String() string {
 // resume under it is answered from the log (the upstream refuses it on the
 // next call, and the client refreshes then), because an SDK client that
 // gets a 401 on a resume retries without its Last-Event-ID and loses the
-// call (TypeScript SDK 1.32.2).
+// call (TypeScript SDK 1.32.2). Once the upstream itself refused a
+// credential on the session (UpstreamRefused), whatever the binding, the
+// upstream judges it first: its 401 is what makes the client refresh.
 func Authorize(a Access) AccessDecision {
 	switch {
 	case !a.Named || !a.Remembered:
 		return Allow
 	case !a.IdentityMatch:
 		return Deny
+	case a.UpstreamRefused && (!a.Bearer || a.CredentialMatch):
+		return Vouch
 	case !a.Bearer:
 		return Allow
 	case !a.CredentialMatch && a.RebindOff:

@@ -26,6 +26,11 @@ func TestAuthorize(t *testing.T) {
 		{"a rotated token on a DELETE", with(bearer, func(a *Access) { a.Kind = EndSession }), Vouch},
 		{"a rotated token, rebinding off", with(bearer, func(a *Access) { a.RebindOff = true }), Deny},
 		{"the bound token, rebinding off", with(bearer, func(a *Access) { a.CredentialMatch, a.RebindOff = true, true }), Allow},
+		{"the bound token the upstream refused a takeover", with(bearer, func(a *Access) { a.CredentialMatch, a.UpstreamRefused, a.Kind = true, true, ReadsLog }), Vouch},
+		{"the bound token the upstream refused, rebinding off", with(bearer, func(a *Access) { a.CredentialMatch, a.UpstreamRefused, a.RebindOff = true, true, true }), Vouch},
+		{"a token the upstream refused, identity binding", with(owner, func(a *Access) { a.UpstreamRefused, a.Kind = true, ReadsLog }), Vouch},
+		{"a token the upstream refused, another identity", with(owner, func(a *Access) { a.UpstreamRefused, a.IdentityMatch = true, false }), Deny},
+		{"a rotated token and a refused one, rebinding off", with(bearer, func(a *Access) { a.UpstreamRefused, a.RebindOff = true, true }), Deny},
 	} {
 		if got := Authorize(c.a); got != c.want {
 			t.Errorf("%s: Authorize(%+v) = %v, want %v", c.name, c.a, got, c.want)

@@ -131,7 +131,7 @@ func (h *Engine) serveRepeat(w http.ResponseWriter, r *http.Request, next Next, 
 	w.WriteHeader(http.StatusOK)
 	rl := h.newRelay(w, sess, stream, rd)
 	rl.replayUpTo = stream.View().Head
-	rl.takeover = func() { h.takeOver(r, next, sess, stream) }
+	rl.takeover = func() bool { return h.offerTakeover(r, next, sess, stream) }
 	if rl.write(priming(sess.Meta().Version, sess.Epoch(), stream.Num(), 1)) {
 		rl.run(r.Context())
 	} else {

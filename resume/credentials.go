@@ -262,9 +262,16 @@ func (h *Engine) access(r *http.Request, sid string, kind policy.RequestKind) (p
 	// A session that is never tapped has no log to protect: its identity is
 	// checked, its credential is the upstream's alone.
 	a.Bearer = hasBearer(b.meta.Bind) && b.meta.Origin != policy.Untapped
+	var sum [32]byte
 	if a.Bearer {
-		got := h.credentialHash(r)
-		a.CredentialMatch = hmac.Equal(got[:], b.meta.Credential.Hash[:])
+		sum = h.credentialHash(r)
+		a.CredentialMatch = hmac.Equal(sum[:], b.meta.Credential.Hash[:])
+	}
+	if b.sess != nil && h.rt.freshest.hasRefusals(sid) {
+		if !a.Bearer {
+			sum = h.credentialHash(r)
+		}
+		a.UpstreamRefused = h.rt.freshest.refused(sid, sum)
 	}
 	return a, b
 }
@@ -277,7 +284,9 @@ func (h *Engine) vouch(w http.ResponseWriter, r *http.Request, next Next, sid st
 	a policy.Access, b bound) (goOn bool, err error) {
 	verdict, answer := h.askUpstream(r, next, sid, b.meta, false)
 	offered := h.credential(r)
-	in := policy.RebindInput{Mode: h.rebindMode(), Verdict: verdict, CredentialMatch: a.CredentialMatch,
+	// Under a binding without the bearer, the credential is not the
+	// binding's to judge: one the upstream accepts again is a recheck.
+	in := policy.RebindInput{Mode: h.rebindMode(), Verdict: verdict, CredentialMatch: a.CredentialMatch || !a.Bearer,
 		Bound: b.meta.Credential.Principal, Offered: offered.Principal, Kind: a.Kind}
 	act := policy.DecideRebind(in)
 	if act == policy.Rebind && len(r.Header.Values("Authorization")) > 0 {
@@ -291,6 +300,9 @@ func (h *Engine) vouch(w http.ResponseWriter, r *http.Request, next Next, sid st
 	fields := []zap.Field{zap.String("session", sid), zap.String("method", r.Method), zap.String("outcome", act.String())}
 	switch act {
 	case policy.Proceed:
+		if a.UpstreamRefused {
+			h.rt.freshest.accepted(sid, h.credentialHash(r)) // the takeover may try it again
+		}
 		return true, nil
 	case policy.Rebind:
 		if b.sess != nil {
@@ -459,49 +471,115 @@ func (c *Config) rebindMode() policy.RebindMode {
 // brought that the proxy let through (its binding's, or one the upstream
 // vouched for), in this process's memory only: the store keeps no
 // credential. What the proxy asks the upstream on the session's behalf
-// later (a takeover's GET) carries it rather than an older request's,
-// whose token may have expired since.
+// later (a takeover's GET, a reconnect) carries it rather than an older
+// request's, whose token may have expired since. It also remembers the
+// credentials the upstream refused on such a GET (refuse): a client that
+// comes back with one gets the upstream's verdict, not the log.
 type freshest struct {
 	mu sync.Mutex
-	m  map[string][]string
+	m  map[string]*sessionCredentials
 }
 
-// note records r's Authorization for sess, forgotten when sess ends.
+type sessionCredentials struct {
+	auth    []string   // the freshest Authorization values
+	refused [][32]byte // keyed hashes (credentialHash), newest last, at most maxRefused
+}
+
+// maxRefused bounds the refused credentials remembered per session: a
+// client refreshes each one once.
+const maxRefused = 4
+
+// entry returns sess's credentials, made (and forgotten when sess ends)
+// if need be; under f.mu.
+func (f *freshest) entry(sess buffer.Session) *sessionCredentials {
+	sid := sess.ID()
+	if c, ok := f.m[sid]; ok {
+		return c
+	}
+	if f.m == nil {
+		f.m = make(map[string]*sessionCredentials)
+	}
+	c := &sessionCredentials{}
+	f.m[sid] = c
+	context.AfterFunc(sess.Context(), func() {
+		f.mu.Lock()
+		delete(f.m, sid)
+		f.mu.Unlock()
+	})
+	return c
+}
+
+// note records r's Authorization for sess.
 func (f *freshest) note(sess buffer.Session, r *http.Request) {
 	values := r.Header.Values("Authorization")
 	if len(values) == 0 {
 		return
 	}
-	sid := sess.ID()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	old, known := f.m[sid]
-	if known && slices.Equal(old, values) {
+	if c, ok := f.m[sess.ID()]; ok && slices.Equal(c.auth, values) {
 		return
 	}
-	if f.m == nil {
-		f.m = make(map[string][]string)
-	}
-	f.m[sid] = slices.Clone(values)
-	if !known {
-		context.AfterFunc(sess.Context(), func() {
-			f.mu.Lock()
-			delete(f.m, sid)
-			f.mu.Unlock()
-		})
-	}
+	f.entry(sess).auth = slices.Clone(values)
 }
 
 // with returns r, or a copy of it carrying the freshest Authorization
 // noted for sess if that is another.
 func (f *freshest) with(r *http.Request, sess buffer.Session) *http.Request {
 	f.mu.Lock()
-	values, ok := f.m[sess.ID()]
+	var values []string
+	if c, ok := f.m[sess.ID()]; ok {
+		values = c.auth
+	}
 	f.mu.Unlock()
-	if !ok || slices.Equal(values, r.Header.Values("Authorization")) {
+	if values == nil || slices.Equal(values, r.Header.Values("Authorization")) {
 		return r
 	}
 	r = r.Clone(r.Context())
 	r.Header["Authorization"] = slices.Clone(values)
 	return r
+}
+
+// refuse records that the upstream refused the credential with hash sum
+// for sess (401 or 403 to a GET the proxy made with it, confirmed by a
+// check of the same credential).
+func (f *freshest) refuse(sess buffer.Session, sum [32]byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.entry(sess)
+	if slices.Contains(c.refused, sum) {
+		return
+	}
+	if len(c.refused) == maxRefused {
+		c.refused = slices.Delete(c.refused, 0, 1)
+	}
+	c.refused = append(c.refused, sum)
+}
+
+// hasRefusals reports whether the upstream refused any credential of sid:
+// only then is a request's credential hashed to look it up.
+func (f *freshest) hasRefusals(sid string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.m[sid]
+	return ok && len(c.refused) > 0
+}
+
+// refused reports whether the upstream refused the credential with hash
+// sum for sid.
+func (f *freshest) refused(sid string, sum [32]byte) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.m[sid]
+	return ok && slices.Contains(c.refused, sum)
+}
+
+// accepted forgets a refusal of the credential with hash sum: the upstream
+// accepted it since.
+func (f *freshest) accepted(sid string, sum [32]byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if c, ok := f.m[sid]; ok {
+		c.refused = slices.DeleteFunc(c.refused, func(x [32]byte) bool { return x == sum })
+	}
 }

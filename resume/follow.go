@@ -25,7 +25,9 @@ import (
 // client's headers (session, version, credentials), the upstream's own
 // Last-Event-ID when it gave one.
 func (t *upstreamTap) reconnectRequest() *http.Request {
-	req := t.client.Clone(t.ctx)
+	// The freshest credential a client of the session brought: the
+	// request the tap began with may carry a token that expired since.
+	req := t.h.rt.freshest.with(t.client, t.sess).Clone(t.ctx)
 	if t.takeover {
 		// The client request is a resume, or a repeat, on any path under
 		// the route: the upstream's stream is the session's endpoint's.
@@ -104,6 +106,12 @@ func (t *upstreamTap) followRequest(first attemptResult, attempts int) {
 			return
 		case !res.tapped && attempts > 0 && policy.Classify(res.status).Refused():
 			// Counted and logged as refused with its attempt.
+			if t.credentialRefused(res.status) {
+				// Let go: the client's next resume gets the upstream's
+				// verdict; a fresher credential brought here takes it back.
+				t.h.takeBack(t.client, t.next, t.sess, t.stream)
+				return
+			}
 			t.fail(policy.ReasonUpstreamFailed)
 			return
 		}
@@ -308,6 +316,61 @@ func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, strea
 	return true
 }
 
+// credentialRefused handles the upstream's 401 or 403 to a GET that
+// resumes a request stream: a credential that expired while the proxy
+// read on (the client refreshes on a 401, which it has not seen). When the
+// upstream refuses the same credential a ping on the session too (so it
+// is the credential, not the resume, it refuses), and another producer
+// can take the stream over (a shared store), the tap lets go of the
+// stream, which stays live: the credential is remembered as refused for
+// the session, a relay here whose takeover would carry it cuts its client
+// (offerTakeover), and a client that comes back with it gets the
+// upstream's verdict (policy.Authorize: UpstreamRefused), refreshes, and
+// the call is taken over with the new one. Within the orphan's bound
+// (takeover_wait): past it the sweeper fails the call explicitly.
+func (t *upstreamTap) credentialRefused(status int) bool {
+	if policy.Classify(status) != policy.UpstreamDenied || t.lastID == "" {
+		return false
+	}
+	if _, ok := t.stream.(buffer.Takeover); !ok {
+		return false // no one could take it over: today's explicit failure
+	}
+	req := t.reconnectRequest()
+	if verdict, _ := t.h.askUpstream(req, t.next, t.sess.ID(), t.sess.Meta(), false); verdict != policy.Refused {
+		return false // the upstream accepts the credential and refuses the resume itself
+	}
+	t.h.rt.freshest.refuse(t.sess, t.h.credentialHash(req))
+	if t.takeover {
+		t.takeoverCounted = true
+		takeovers.WithLabelValues("credential_refused").Inc()
+	}
+	t.h.logger.Info("upstream refused the credential a resume of its stream carried: the client must refresh it",
+		zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()), zap.Int("status", status),
+		zap.Bool("takeover", t.takeover), zap.String("upstream_last_event_id", truncate(t.lastID, 80)))
+	return true
+}
+
+// offerTakeover is a relay's takeover of a request stream whose producer
+// is gone (takeOver), unless the credential it would carry is one the
+// upstream refused for the session: then false, and the relay cuts its
+// client, so that it comes back and gets the upstream's verdict.
+func (h *Engine) offerTakeover(r *http.Request, next Next, sess buffer.Session, stream buffer.Stream) bool {
+	if h.takeoverRefused(r, sess) {
+		return false
+	}
+	h.takeOver(r, next, sess, stream)
+	return true
+}
+
+// takeoverRefused reports whether the credential a takeover for r would
+// carry is one the upstream refused for sess.
+func (h *Engine) takeoverRefused(r *http.Request, sess buffer.Session) bool {
+	if !h.rt.freshest.hasRefusals(sess.ID()) {
+		return false
+	}
+	return h.rt.freshest.refused(sess.ID(), h.credentialHash(h.rt.freshest.with(r, sess)))
+}
+
 // takeBackLimit bounds how long a replica waits to take back a call whose
 // producer it stopped for want of the store: by then the sweeper has
 // failed the call, or a client's replica has taken it over.
@@ -339,7 +402,8 @@ func (h *Engine) takeBack(r *http.Request, next Next, sess buffer.Session, strea
 				if stream.View().State != policy.Live {
 					return
 				}
-				if st, ok := h.rt.Store(); ok && buffer.Available(st) == nil && h.takeOver(r, next, sess, stream) {
+				if st, ok := h.rt.Store(); ok && buffer.Available(st) == nil && !h.takeoverRefused(r, sess) &&
+					h.takeOver(r, next, sess, stream) {
 					return
 				}
 				pause = min(2*pause, takeoverPauseMax)

@@ -47,7 +47,9 @@ type relay struct {
 	// takeover, if set, is called when the reader of a request stream finds
 	// its producer gone (a shared store's producer replica died): this
 	// replica may take the upstream read over (takeover.go).
-	takeover func()
+	// false means the client must come back with another credential: the
+	// relay cuts it.
+	takeover func() bool
 	// tookOverAt and takeoverPause pace repeated attempts: a reader that
 	// finds the producer still gone right after one (NATS still out of
 	// reach, another replica in the middle of its own) is not a reason to
@@ -127,17 +129,7 @@ func (rl *relay) run(ctx context.Context) {
 		switch {
 		case err == nil:
 		case stopping.Err() != nil:
-			if !rl.wroteEvents && primes(rl.sess.Meta().Version) {
-				// Cut before any event with an ID on this connection (a
-				// resume at head, or one that came as the drain began): the
-				// client's own position first, an ID with no data, which no
-				// SSE client dispatches. The Go SDK takes a stream cut with
-				// no ID in it for the call lost; with it, it resumes again.
-				// Only for versions whose streams start with a priming event:
-				// older clients get no event without data anywhere.
-				rl.write(sse.AppendID(nil, string(eventid.Append(nil, rl.sess.Epoch(), rl.stream.Num(), rl.delivered))), []byte("\n"))
-			}
-			abortClient(rl.w)
+			rl.cut()
 			return
 		case ctx.Err() != nil:
 			return // the client is gone; the log keeps what it missed
@@ -163,7 +155,10 @@ func (rl *relay) run(ctx context.Context) {
 				if !rl.paceTakeover(ctx) {
 					return
 				}
-				rl.takeover()
+				if !rl.takeover() {
+					rl.cut()
+					return
+				}
 			}
 		case errors.Is(err, buffer.ErrBelowFloor):
 			if !rl.recoverBelowFloor() {
@@ -182,6 +177,21 @@ func (rl *relay) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// cut ends the client's connection so that it resumes: a stopping
+// process, a takeover the client's credential cannot make. Cut before any
+// event with an ID on this connection (a resume at head, or one that came
+// as a drain began), the client's own position goes first, an ID with no
+// data, which no SSE client dispatches: the Go SDK takes a stream cut with
+// no ID in it for the call lost; with it, it resumes again. Only for
+// versions whose streams start with a priming event: older clients get no
+// event without data anywhere.
+func (rl *relay) cut() {
+	if !rl.wroteEvents && primes(rl.sess.Meta().Version) {
+		rl.write(sse.AppendID(nil, string(eventid.Append(nil, rl.sess.Epoch(), rl.stream.Num(), rl.delivered))), []byte("\n"))
+	}
+	abortClient(rl.w)
 }
 
 // recoverBelowFloor handles a reader whose next events were evicted under
@@ -338,7 +348,7 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 		// Its producer is this tap, unless this replica lost the stream
 		// (cut off from the store past lease_ttl) and no other took it.
 		sess, stream := t.sess, t.stream
-		rl.takeover = func() { t.h.takeOver(t.client, t.next, sess, stream) }
+		rl.takeover = func() bool { return t.h.offerTakeover(t.client, t.next, sess, stream) }
 	}
 	t.relayDone = make(chan struct{})
 	go func() {
@@ -360,7 +370,7 @@ func (h *Engine) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Ses
 
 // relayWith is relayTo with a takeover for the relay (see relay.takeover).
 func (h *Engine) relayWith(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
-	rd buffer.Reader, pre []byte, replayUpTo uint64, takeover func()) error {
+	rd buffer.Reader, pre []byte, replayUpTo uint64, takeover func() bool) error {
 	prepareSSEHeaders(w.Header())
 	w.WriteHeader(http.StatusOK)
 	rl := h.newRelay(w, sess, stream, rd)

@@ -180,7 +180,7 @@ func (h *Engine) serveStream(w http.ResponseWriter, r *http.Request, next Next, 
 	}
 	// This client's request (authorized for the session just now) is what
 	// a takeover of the upstream read carries.
-	return h.relayWith(w, r, sess, stream, rd, pre, replayUpTo, func() { h.takeOver(r, next, sess, stream) })
+	return h.relayWith(w, r, sess, stream, rd, pre, replayUpTo, func() bool { return h.offerTakeover(r, next, sess, stream) })
 }
 
 // serveAdopt answers a resume of the standalone stream of a session the

@@ -19,14 +19,14 @@ import (
 // the client does not know it yet (SDK clients refresh on a 401): it
 // resumes on B with the token the session is bound to, which the proxy
 // answers from the log without asking the upstream (README, bind bearer).
-// B's takeover GET carries that expired token: the upstream's 401 must
-// not end the call for good (the client never sees the 401 that would make
-// it refresh). Either the resume is answered with the 401 (the client
-// refreshes and resumes again, and B takes over with the fresh token), or
-// the call goes on: every progress notification once, and the result.
+// B's takeover GET carries that expired token, and the upstream refuses
+// it: that must not end the call for good (the client never saw a 401 to
+// make it refresh). B lets the read go, cuts the client (which resumes,
+// as SDK clients do on a cut), answers its next resume with the upstream's
+// own 401, and once the client refreshed, takes the call over with the
+// new token: every progress notification once, and the result.
 func TestTakeoverWithAnExpiredTokenLetsTheClientRefresh(t *testing.T) {
 	t.Parallel()
-	openBug(t, 22, "the upstream's 401 to a takeover GET with the bound, expired token fails the call for good")
 	iss := mcptest.NewJWTIssuer("https://as.example.test")
 	a, b := bearerReplicas(t, iss)
 	const n = 25
@@ -34,29 +34,50 @@ func TestTakeoverWithAnExpiredTokenLetsTheClientRefresh(t *testing.T) {
 	time.Sleep(5 * time.Second) // the token expired; the lease lapsed
 
 	ctx := t.Context()
-	viaB := clientOn(viaA, b)
-	resp, err := viaB.Resume(ctx, lastID(first)) // the expired token: the client does not know yet
-	if err != nil {
-		t.Fatal(err)
-	}
-	refreshed := false
-	if resp.StatusCode == http.StatusUnauthorized {
-		resp.Body.Close()
-		refreshed = true
-		viaB.Header = bearer(iss.Mint("alice", time.Minute))
-		if resp, err = viaB.Resume(ctx, lastID(first)); err != nil {
+	viaB := clientOn(viaA, b) // the expired token: the client does not know yet
+	parts, last, refreshed := [][]mcptest.Event{first}, lastID(first), 0
+	var statuses []int
+	for {
+		if len(statuses) == 6 {
+			t.Fatalf("no result after resumes answered %v (refreshed %d times)", statuses, refreshed)
+		}
+		resp, err := viaB.Resume(ctx, last)
+		if err != nil {
 			t.Fatal(err)
 		}
+		statuses = append(statuses, resp.StatusCode)
+		if resp.StatusCode == http.StatusUnauthorized {
+			if resp.Header.Get("WWW-Authenticate") == "" {
+				t.Errorf("the 401 has no WWW-Authenticate: it is not the upstream's")
+			}
+			resp.Body.Close()
+			refreshed++
+			viaB.Header = bearer(iss.Mint("alice", time.Minute))
+			continue
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("resume on B: %d (statuses %v)", resp.StatusCode, statuses)
+		}
+		evs, _ := mcptest.ReadEvents(resp.Body, 0, 20*time.Second) // a cut ends it with an error
+		resp.Body.Close()
+		parts = append(parts, evs)
+		if _, result, errs := callEvents(t, evs, "2"); result != "" || len(errs) > 0 {
+			break
+		}
+		if len(evs) > 0 {
+			last = lastID(evs)
+		}
 	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("resume on B: %d (refreshed: %v)", resp.StatusCode, refreshed)
-	}
-	rest := readThenClose(t, resp, 0)
-	progress, result, errs := callParts(t, first, rest)
+	t.Logf("resumes answered %v", statuses)
+	progress, result, errs := callParts(t, parts...)
 	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
-		t.Fatalf("resume with the token the session is bound to, expired (refreshed after a 401: %v): result %q, errors %q; "+
-			"B's takeovers refused %v (the upstream's 401 to the takeover's GET ended the call; the client never got it to refresh)",
-			refreshed, result, errs, series(t, b, `caddy_mcp_resume_takeovers_total{outcome="refused"}`))
+		t.Fatalf("resume with the token the session is bound to, expired (statuses %v): result %q, errors %q; "+
+			"B's takeovers refused %v, credential_refused %v", statuses, result, errs,
+			series(t, b, `caddy_mcp_resume_takeovers_total{outcome="refused"}`),
+			series(t, b, `caddy_mcp_resume_takeovers_total{outcome="credential_refused"}`))
+	}
+	if refreshed != 1 {
+		t.Fatalf("the client refreshed %d times (statuses %v), want once: after the upstream's 401", refreshed, statuses)
 	}
 	if err := mcptest.OnceInOrder(progress, n); err != nil {
 		t.Fatal(err)
