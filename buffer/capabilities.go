@@ -5,7 +5,10 @@ package buffer
 // store's concrete type, and buffer/storetest runs each one's contract
 // against every store that has it.
 
-import "context"
+import (
+	"context"
+	"hash/fnv"
+)
 
 // BatchAppender is a Stream that appends several events in one step, as an
 // upstream read that carried several delivers them: the memory store's
@@ -68,6 +71,43 @@ type Takeover interface {
 	// caller reads the upstream from UpstreamCursor on, and calls the
 	// Producer's Done once its upstream response is closed.
 	TakeOver(ctx context.Context) (Producer, Succession, error)
+}
+
+// UpstreamTail is a Stream that can say what its last events were: the
+// upstream ID each came with and a sum of its fields. A producer that
+// takes the stream over needs it to drop what the upstream's replay
+// resends (the event at the cursor, and a few before it): events its
+// client has acknowledged, which may be evicted by then, so a store keeps
+// this much of them past their eviction while the stream is live. Only a
+// takeover reads it, once; a store keeps it where that costs its appends
+// least (natsstore: a header only where a message's cursor does not say
+// it already, the sums computed at eviction or at the takeover).
+type UpstreamTail interface {
+	// UpstreamTail calls each, oldest first, with those of the stream's
+	// last n events that came with an upstream ID. An event stored in
+	// parts not all stored is none of them; of those evicted, a store
+	// knows the ones among its last TailKeep.
+	UpstreamTail(ctx context.Context, n int, each func(TailEvent)) error
+}
+
+// TailEvent is one of UpstreamTail's events.
+type TailEvent struct {
+	Seq uint64 // its seq in the stream
+	ID  string // the upstream ID it came with: its own, never a note's
+	Sum uint64 // FieldsSum of its fields
+}
+
+// TailKeep is how many of a live stream's last events a store that has
+// UpstreamTail keeps the tail events of past their eviction: the "few"
+// an upstream's replay may resend before its cursor.
+const TailKeep = 16
+
+// FieldsSum is a sum of an event's stored fields (Entry.Fields), the same
+// on every replica: FNV-1a, 64 bits.
+func FieldsSum(fields []byte) uint64 {
+	h := fnv.New64a()
+	h.Write(fields)
+	return h.Sum64()
 }
 
 // Succession names the producers of a stream taken over, for operators.

@@ -84,6 +84,12 @@ func (st *Store) evict(key string, now time.Time) bool {
 	if floor <= rec.Floor {
 		return false
 	}
+	// The last events of a live call go with their IDs and sums kept: the
+	// upstream's replay to a takeover may resend them (tail.go).
+	var tail []tailEntry
+	if !whole && last != nil && rec.Kind == policy.RequestStream && rec.State == policy.Live {
+		tail = st.evictedTail(ctx, subject, rec, floor, last)
+	}
 	var from uint64
 	// Counted as the write succeeds, before the floor shows here.
 	counted := func(*streamRecord) { st.counters.EventsEvicted.Add(floor - from) }
@@ -99,6 +105,9 @@ func (st *Store) evict(key string, now time.Time) bool {
 		r.moveFloor(floor, off, floorMsg)
 		r.Purged = whole
 		r.Head, r.HeadOff = max(r.Head, head), max(r.HeadOff, headOff)
+		if tail != nil {
+			r.Tail = mergeTail(r.Tail, tail, max(r.Head, head))
+		}
 		if upstream != "" && upstreamAt > r.UpstreamAt {
 			r.Upstream, r.UpstreamAt = upstream, upstreamAt
 		}

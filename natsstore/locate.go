@@ -38,6 +38,10 @@ const (
 	hdrUpstream = "Mcpr-Upstream"
 	hdrPart     = "Mcpr-Part" // on a part of an event: "<i>/<n>", i from 1
 	hdrSize     = "Mcpr-Size" // on a part of an event: the event's framed length
+	// hdrIDs is the upstream's own ID of each event the message completes
+	// (tail.go), where Mcpr-Upstream does not say it: absent, the
+	// message's one event came with the ID Mcpr-Upstream names.
+	hdrIDs = "Mcpr-Ids"
 	// hdrTakeover marks the fence a producer that takes a request stream
 	// over stores first (takeover.go): an empty message, like an end
 	// marker that ends nothing; its value names the new producer.
@@ -56,6 +60,7 @@ type msgInfo struct {
 	reason   policy.Reason
 	answers  []answer
 	upstream string // hdrUpstream
+	ids      string // hdrIDs, undecoded: only a takeover reads it (tail.go)
 	// An event's part (parts > 0): part of parts, total the event's framed
 	// length. Only the last part makes the event stored (count, last and
 	// endOff say so); every part reaches the event (reaches).
@@ -69,7 +74,7 @@ type answer struct {
 }
 
 func parseMsg(seq uint64, h nats.Header, data []byte) (msgInfo, error) {
-	m := msgInfo{seq: seq, size: len(data), id: h.Get(jetstream.MsgIDHeader), upstream: h.Get(hdrUpstream)}
+	m := msgInfo{seq: seq, size: len(data), id: h.Get(jetstream.MsgIDHeader), upstream: h.Get(hdrUpstream), ids: h.Get(hdrIDs)}
 	var err error
 	if m.first, err = strconv.ParseUint(h.Get(hdrFirst), 10, 64); err != nil {
 		return m, fmt.Errorf("natsstore: message %d: bad %s", seq, hdrFirst)

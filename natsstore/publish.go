@@ -129,7 +129,7 @@ func (b *batch) msgs(subject, key string, room int) []outMsg {
 			return
 		}
 		sub := batch{buf: b.buf[runPos:pos], lens: b.lens[start:end], first: b.first + uint64(start),
-			off: b.off + int64(runPos), upstream: b.upAt(end - 1)}
+			off: b.off + int64(runPos), upstream: b.upAt(end - 1), own: b.ownIn(start, end)}
 		sub.answers = answersIn(b.answers, sub.first, sub.last())
 		out = append(out, outMsg{msg: sub.msg(subject), id: key + "." + strconv.FormatUint(sub.first, 10),
 			last: sub.last(), endOff: sub.off + int64(len(sub.buf)), info: sub.info()})
@@ -163,6 +163,9 @@ func (b *batch) msgs(subject, key string, room int) []outMsg {
 				}
 				if up := b.upAt(i); up != "" {
 					msg.Header.Set(hdrUpstream, up)
+				}
+				if own := b.ownIn(i, i+1); len(own) == 1 && own[0] != b.upAt(i) {
+					msg.Header.Set(hdrIDs, joinIDs(own))
 				}
 				o.last, o.endOff = seq, off+int64(n)
 			}

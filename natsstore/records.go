@@ -112,6 +112,9 @@ type streamRecord struct {
 	Producer   string               `json:"producer,omitempty"`    // a request stream's: the replica that opened it or last took it over
 	Created    int64                `json:"created"`
 	Ended      int64                `json:"ended,omitempty"`
+	// Tail is what eviction kept of a live request stream's last events
+	// (their upstream IDs and sums, tail.go): for a takeover's repeat filter.
+	Tail []tailEntry `json:"tail,omitempty"`
 }
 
 // clone is a deep copy of r, for a write to change (mirror.update): what
@@ -121,6 +124,7 @@ func (r *streamRecord) clone() *streamRecord {
 	c.Requests = append([]policy.RequestView(nil), r.Requests...)
 	c.Key = append([]byte(nil), r.Key...)
 	c.Deliveries = append([]delivery(nil), r.Deliveries...)
+	c.Tail = append([]tailEntry(nil), r.Tail...)
 	if r.Reader != nil {
 		e := *r.Reader
 		c.Reader = &e

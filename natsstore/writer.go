@@ -72,6 +72,7 @@ type batch struct {
 	answers  []answer
 	upstream string   // the upstream cursor as of its last event
 	ups      []string // the upstream cursor as of each event
+	own      []string // the upstream ID each event came with (tail.go)
 }
 
 func (b *batch) last() uint64 { return b.first + uint64(len(b.lens)) - 1 }
@@ -92,6 +93,9 @@ func (b *batch) msg(subject string) *nats.Msg {
 	}
 	if b.upstream != "" {
 		msg.Header.Set(hdrUpstream, b.upstream)
+	}
+	if ids, ok := b.ids(); ok {
+		msg.Header.Set(hdrIDs, ids)
 	}
 	return msg
 }
@@ -205,6 +209,7 @@ func (w *writer) addLocked(e buffer.Entry) uint64 {
 	}
 	b.upstream = w.upstream
 	b.ups = append(b.ups, w.upstream)
+	b.own = append(b.own, e.Upstream)
 	w.head, w.headOff = seq, w.headOff+int64(n)
 	w.others.grown.Store(w.headOff)
 	w.st.unstored.Add(int64(n))

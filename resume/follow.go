@@ -306,6 +306,7 @@ func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, strea
 			takeovers.WithLabelValues("complete").Inc()
 			return
 		}
+		t.seedRecent(stream)
 		res := t.attempt(t.reconnectRequest(), discard(), func(http.Header) bool { return true }, true)
 		t.h.reconnected(t, 1, res, "")
 		t.followRequest(res, 1)
@@ -413,4 +414,39 @@ func (h *Engine) takeBack(r *http.Request, next Next, sess buffer.Session, strea
 			return
 		}
 	}()
+}
+
+// takeoverSeed bounds the stored events a takeover reads back for its
+// repeat filter: an upstream's replay resends the event at the cursor "or
+// a few before it" (policy.UpstreamRepeat); a store keeps buffer.TailKeep
+// of them past their eviction, and reading as many (a message each, at
+// worst) stays a small, one-off cost of a takeover, never of a call.
+const takeoverSeed = buffer.TailKeep
+
+// seedRecent gives a takeover's repeat filter what the stream holds: the
+// last stored events' upstream IDs with the sums of their stored fields,
+// as if this tap had taken them from an earlier response (conn 0), so
+// what the upstream's replay from the cursor resends (same ID, same
+// content) is dropped, and an event that reuses an ID with other content
+// is not. Notes need none: a replayed priming event has no data, and is
+// passed, not stored, either way. A store without the capability, or a
+// read that fails, leaves the filter empty: the replay's repeats get
+// through.
+func (t *upstreamTap) seedRecent(stream buffer.Stream) {
+	tl, ok := stream.(buffer.UpstreamTail)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, 10*time.Second)
+	defer cancel()
+	var seeds []taken
+	err := tl.UpstreamTail(ctx, takeoverSeed, func(e buffer.TailEvent) {
+		seeds = append(seeds, taken{id: e.ID, sum: e.Sum, conn: 0, stored: true})
+	})
+	if err != nil {
+		t.h.logger.Warn("takeover: the stored events before the cursor could not be read; the upstream's replay may repeat some",
+			zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()), zap.Error(err))
+		return
+	}
+	t.recent = append(seeds[max(0, len(seeds)-recentUpstream):], t.recent...)
 }

@@ -225,7 +225,7 @@ func (t *upstreamTap) onEvent(ev *sse.Event) error {
 	var sum uint64
 	if ev.HasID {
 		sum = eventSum(ev)
-		if t.repeat(ev.ID, sum) {
+		if t.repeat(ev, sum) {
 			return nil // a replay repeated an event the stream has
 		}
 	}
@@ -348,32 +348,57 @@ type upstreamID struct {
 }
 
 // taken is an upstream event ID the stream has, with the sum of its
-// content and the upstream response it came in.
+// content and the upstream response it came in. stored: one a takeover
+// found in the store (conn 0), whose sum is buffer.FieldsSum of its
+// stored fields, the same on every replica.
 type taken struct {
-	id   string
-	sum  uint64
-	conn int
+	id     string
+	sum    uint64
+	conn   int
+	stored bool
 }
 
 // repeat reports whether the upstream event with id and content sum, in
 // the current response, repeats one the stream took from an earlier
 // response (policy.UpstreamRepeat has the rule). Events of the write being
 // parsed (the batch) are of the current response: never repeats.
-func (t *upstreamTap) repeat(id string, sum uint64) bool {
+func (t *upstreamTap) repeat(ev *sse.Event, sum uint64) bool {
 	e := policy.UpstreamEvent{HasID: true, Resumed: t.resumed}
 	if !e.Resumed {
 		return false
 	}
+	var stored uint64
+	storedDone := false
 	for _, s := range t.recent {
-		if s.id == id && s.conn < t.conn {
-			e.TakenEarlier = true
-			if s.sum == sum {
-				e.SameContent = true
-				break
+		if s.id != ev.ID || s.conn >= t.conn {
+			continue
+		}
+		e.TakenEarlier = true
+		same := s.sum == sum
+		if s.stored {
+			if !storedDone {
+				stored, storedDone = storedSum(ev), true
 			}
+			same = s.sum == stored
+		}
+		if same {
+			e.SameContent = true
+			break
 		}
 	}
 	return policy.UpstreamRepeat(e)
+}
+
+// storedSum is buffer.FieldsSum of the fields the tap stores for ev (its
+// own bytes, or framed anew without id and retry: onEvent), to compare an
+// event with one a takeover found in the store.
+func storedSum(ev *sse.Event) uint64 {
+	if ev.Raw != nil {
+		return buffer.FieldsSum(ev.Raw)
+	}
+	e := *ev
+	e.HasRetry = false
+	return buffer.FieldsSum(sse.AppendFields(nil, &e))
 }
 
 // sumSeed keys eventSum for the process.

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ var capabilityContracts = []contract{
 	{"BatchAppenderStopsAtABlockedEntry", testBatchStops},
 	{"Availability", testAvailability},
 	{"TakeoverOnOneReplica", testTakeoverCapability},
+	{"UpstreamTail", testUpstreamTail},
 	{"Inspector", testInspector},
 }
 
@@ -275,4 +277,94 @@ func testInspector(t *testing.T, e *env) {
 		t.Fatal("SessionInfo of a deleted session")
 	}
 	WaitFor(t, "Stats to count one session", func() bool { return st.Stats().Sessions == 1 })
+}
+
+// The last events come back with the upstream ID each came with (not the
+// cursor as of it: an event without an ID keeps the one before, a note
+// moves it past an event) and the sum of its fields, whether the events
+// were appended one at a time or in batches, an event stored in parts (a
+// large one) too; those among the last n, oldest first; IDs of any bytes
+// an SSE id line can carry. What a client acknowledged of a live stream
+// is evicted, and still comes back: the upstream's replay to a takeover
+// resends just that.
+func testUpstreamTail(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	s := MustSession(t, st, "s1")
+	str := MustStream(t, s, "1")
+	tl, ok := str.(buffer.UpstreamTail)
+	if !ok {
+		t.Skip("the store's streams are no UpstreamTail")
+	}
+	tail := func(n int) (got []buffer.TailEvent) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := tl.UpstreamTail(ctx, n, func(e buffer.TailEvent) { got = append(got, e) }); err != nil {
+			t.Fatalf("UpstreamTail(%d): %v", n, err)
+		}
+		return got
+	}
+	if got := tail(8); len(got) != 0 {
+		t.Fatalf("a fresh stream's tail: %d events", len(got))
+	}
+	p := MustProduce(t, str)
+	var all []buffer.Entry
+	add := func(es ...buffer.Entry) {
+		t.Helper()
+		if _, n, err := buffer.AppendBatch(context.Background(), str, es); err != nil || n != len(es) {
+			t.Fatalf("AppendBatch: %d of %d: %v", n, len(es), err)
+		}
+		all = append(all, es...)
+	}
+	ev := func(seq uint64, size int, up string) buffer.Entry {
+		return buffer.Entry{Fields: Fields(Payload(seq, size)), Upstream: up}
+	}
+	add(ev(1, EvSize, "u1"))                                             // alone: its own ID is the cursor
+	add(ev(2, EvSize, ""))                                               // alone, without an ID: the cursor is u1's
+	add(ev(3, EvSize, "u3"), ev(4, EvSize, ""), ev(5, EvSize, "u 5,%x")) // a batch
+	str.NoteUpstream("p5")                                               // a priming event's ID after u5
+	add(ev(6, EvSize, "u6"), ev(7, EvSize, "u6"))                        // an ID used twice
+	str.NoteUpstream("p7")
+	add(ev(8, 3<<20+5, "u8")) // larger than a message: in parts
+	add(buffer.Entry{Fields: []byte("event: t\ndata: a\ndata: b\n"), Upstream: "u9"}, ev(10, EvSize, "é10"))
+	str.NoteUpstream("p10")
+	rd, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	if _, err := ReadUntil(t, rd, len(all)); err != nil { // stored, as a reader gets nothing before
+		t.Fatal(err)
+	}
+
+	check := func(n int) {
+		t.Helper()
+		var want []buffer.TailEvent
+		for i, e := range all {
+			if seq := uint64(i + 1); e.Upstream != "" && seq+uint64(n) > uint64(len(all)) {
+				want = append(want, buffer.TailEvent{Seq: seq, ID: e.Upstream, Sum: buffer.FieldsSum(e.Fields)})
+			}
+		}
+		if got := tail(n); !slices.Equal(got, want) {
+			t.Fatalf("UpstreamTail(%d) = %+v, want %+v", n, got, want)
+		}
+	}
+	for _, n := range []int{1, 2, 3, 5, 10, 32} {
+		check(n)
+	}
+
+	// The client acknowledges all but the last two: evicted, and still
+	// in the tail (up to buffer.TailKeep of them).
+	rd.Close()
+	if _, rd, err = str.Resume(uint64(len(all)-2), func(v policy.StreamView) policy.Resume {
+		return policy.Resume{Kind: policy.Replay, From: uint64(len(all) - 1)}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	WaitFor(t, "the acknowledged events evicted", func() bool { return floorOf(str) == uint64(len(all)-1) })
+	for _, n := range []int{1, 3, 10} {
+		check(n)
+	}
+	p.Done()
 }

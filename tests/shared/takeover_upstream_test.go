@@ -124,7 +124,6 @@ func resendsBefore(k int) func(http.Handler) http.Handler {
 // repeats from the upstream's replay dropped"; DESIGN.md, Takeover).
 func TestTakeoverDropsWhatTheUpstreamsReplayRepeats(t *testing.T) {
 	t.Parallel()
-	openBug(t, 22, "a takeover has no repeat filter: what the upstream's replay resends reaches the client twice")
 	ns := testnet.NATS(t)
 	d := upstreamBehind(t, resendsBefore(2))
 	store := storeNATS(natsURLs(ns), "")
