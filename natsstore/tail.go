@@ -47,6 +47,9 @@ func (b *batch) ids() (string, bool) {
 // '%', ',' and the bytes a header value may not hold or would lose
 // (controls, space: a value is trimmed) as %XX; no ID is "%00" (an SSE ID
 // never holds NUL: the spec ignores one that does), so no element is empty.
+// An ID longer than maxTailID is recorded as none (its repeat, if a replay
+// sends one, gets through): a message's headers have headerRoom, and an
+// upstream's IDs have no bound of their own.
 func joinIDs(ids []string) string {
 	const hex = "0123456789ABCDEF"
 	var b strings.Builder
@@ -54,7 +57,7 @@ func joinIDs(ids []string) string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		if id == "" {
+		if id == "" || len(id) > maxTailID {
 			b.WriteString("%00")
 			continue
 		}
@@ -71,6 +74,11 @@ func joinIDs(ids []string) string {
 	}
 	return b.String()
 }
+
+// maxTailID bounds the upstream IDs Mcpr-Ids records: a message of
+// maxBatch events stays within a few KiB of headers, escaped at worst
+// (SDK servers' IDs are tens of bytes).
+const maxTailID = 128
 
 var errBadIDs = errors.New("natsstore: bad " + hdrIDs)
 
@@ -164,7 +172,7 @@ func (st *Store) readTail(ctx context.Context, subject string, from, to, hint ui
 	add := func(seq uint64, framed []byte, id string) {
 		// Framed for the client: the proxy's "id:" line, the fields, the
 		// blank line.
-		if i := bytes.IndexByte(framed, '\n'); id != "" && seq >= from && seq <= to && i >= 0 && len(framed) > i+1 {
+		if i := bytes.IndexByte(framed, '\n'); id != "" && len(id) <= maxTailID && seq >= from && seq <= to && i >= 0 && len(framed) > i+1 {
 			out = append(out, tailEntry{Seq: seq, ID: id, Sum: buffer.FieldsSum(framed[i+1 : len(framed)-1])})
 		}
 	}

@@ -2,6 +2,7 @@ package natsstore
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -18,6 +19,10 @@ func TestUpstreamIDsHeader(t *testing.T) {
 		if err != nil || !slices.Equal(got, ids) {
 			t.Fatalf("%q -> %q -> %q, %v", ids, v, got, err)
 		}
+	}
+	long := strings.Repeat("i", maxTailID+1)
+	if got, err := splitIDs(joinIDs([]string{"a", long}), 2); err != nil || !slices.Equal(got, []string{"a", ""}) {
+		t.Fatalf("an ID past maxTailID: %q, %v; want it recorded as none", got, err)
 	}
 	if _, err := splitIDs("a,b", 3); err == nil {
 		t.Fatal("a count mismatch decoded")
