@@ -650,3 +650,69 @@ func TestReview23TwoResumesAtOnceWithTheRefusedToken(t *testing.T) {
 		t.Errorf("upstream resume GETs %d, want 1", n)
 	}
 }
+
+// The proxy's own reconnect (an upstream that closes the call's stream)
+// carries the session's freshest credential: the client refreshed on a
+// ping before its first token expired, so the reconnect after it expired
+// is not refused and the call's own response goes on to the result, no
+// cut, no 401.
+func TestReview23OwnReconnectCarriesTheFreshestToken(t *testing.T) {
+	t.Parallel()
+	iss := mcptest.NewJWTIssuer("https://as.example.test")
+	g := &authGate{}
+	d := upstreamBehind(t, g.wrap(iss))
+	a := d.start("r1", storeNATS(natsURLs(testnet.NATS(t)), ""), true)
+	cl := bearerSession(t, a, iss, 2*time.Second, 60*time.Second)
+	const n = 10
+	resp, err := cl.Call(t.Context(), 2, "count", map[string]any{"n": n, "interval_ms": 200, "close_after": 2, "retry_ms": 3500}, "p")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("call: %v %v", err, resp)
+	}
+	fresh := cl.WithHeader(bearer(iss.Mint("alice", time.Minute)))
+	pr, err := fresh.Do(t.Context(), "POST", `{"jsonrpc":"2.0","id":90,"method":"ping"}`, nil)
+	if x := harness.MustFinish(t, pr, err); x.Status != http.StatusOK {
+		t.Fatalf("ping with the refreshed token: %s", x)
+	}
+	wantCounted(t, "own reconnect after a refresh on a ping", n, readPart(resp, 20*time.Second))
+	if strings.Contains(a.Logs(), "upstream refused the credential") {
+		t.Errorf("the reconnect carried the expired token")
+	}
+}
+
+// A 2025-06-18 client (no priming events) resumes at the head of the log
+// with the expired token; B lets go of the read and cuts it. The cut must
+// leave the client something to resume from (an event with an ID): SDK
+// clients take a cut stream without one for the call lost (relay.cut).
+func TestReview23CutOfAnOlderVersionAtTheHead(t *testing.T) {
+	t.Skip("review23: a 2025-06-18 client resumed at the head with the refused token is cut with no event ID (no priming): by relay.cut's own account SDK clients take that for the call lost; before, it read the explicit failure")
+	t.Parallel()
+	iss := mcptest.NewJWTIssuer("https://as.example.test")
+	g := &authGate{}
+	a, b := gatedReplicas(t, iss, g, "", "")
+	c := mcptest.NewClient("http://"+a.addr(), "2025-06-18", &http.Client{Timeout: 30 * time.Second})
+	c.Header = bearer(iss.Mint("alice", 3*time.Second))
+	if err := c.Initialize(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Call(t.Context(), 2, "count", map[string]any{"n": 100, "interval_ms": 300}, "p")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("call: %v %v", err, resp)
+	}
+	first := readThenClose(t, resp, 3)
+	a.Kill() // before its 4th step: the client read the head
+	time.Sleep(5 * time.Second)
+	viaB := clientOn(c, b)
+	r, err := viaB.Resume(t.Context(), lastID(first))
+	if err != nil || r.StatusCode != http.StatusOK {
+		t.Fatalf("resume: %v %v", err, r)
+	}
+	evs := readPart(r, 15*time.Second)
+	for _, ev := range evs {
+		if ev.ID != "" {
+			return
+		}
+	}
+	_, result, errs := callEvents(t, evs, "2")
+	t.Fatalf("2025-06-18, resumed at the head with the refused token: B cut the resume with no event ID in it (%d events, result %q, errors %q): an SDK client takes that for the call lost, where it read the explicit failure before",
+		len(evs), result, errs)
+}
