@@ -317,7 +317,7 @@ func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, strea
 	return true
 }
 
-// credentialRefused handles the upstream's 401 or 403 to a GET that
+// credentialRefused handles the upstream's 401 to a GET that
 // resumes a request stream: a credential that expired while the proxy
 // read on (the client refreshes on a 401, which it has not seen). When the
 // upstream refuses the same credential a ping on the session too (so it
@@ -330,7 +330,15 @@ func (h *Engine) takeOver(r *http.Request, next Next, sess buffer.Session, strea
 // the call is taken over with the new one. Within the orphan's bound
 // (takeover_wait): past it the sweeper fails the call explicitly.
 func (t *upstreamTap) credentialRefused(status int) bool {
-	if policy.Classify(status) != policy.UpstreamDenied || t.lastID == "" {
+	if status != http.StatusUnauthorized || t.lastID == "" {
+		return false // a 403 (no refresh helps, a step-up may not come): today's explicit failure
+	}
+	if hasBearer(t.sess.Meta().Bind) && t.h.rebindMode() == policy.RebindOff {
+		return false // a refreshed token would be another owner: no refresh helps
+	}
+	if !primes(t.sess.Meta().Version) {
+		// The cut of a client at the stream's head must carry its position
+		// (relay.cut), which only sessions that prime may be sent.
 		return false
 	}
 	if _, ok := t.stream.(buffer.Takeover); !ok {

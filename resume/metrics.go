@@ -34,7 +34,7 @@ var (
 	upstreamReconnects = newCounterVec("upstream_reconnects_total",
 		"GETs with the upstream's Last-Event-ID (or, on the standalone stream, without one) that resumed an upstream stream that ended early, by outcome: resumed, failed, refused, exhausted; own_conflict (a standalone GET taken over from a lapsed lease met a 409: asked again), own_conflict_exhausted (it did not open within the bound).", "outcome")
 	takeovers = newCounterVec("takeovers_total",
-		"Request streams whose producer replica died, taken over by this replica for a client that reads them: resumed (the upstream answered the resume from the stored upstream event ID), refused (it refused it: the call failed explicitly), credential_refused (it refused the credential the client came back with: the call waits for the client to refresh), failed (it could not be reached: the call failed explicitly), complete (every answer was stored already: the stream ended here).", "outcome")
+		"Request streams whose producer replica died, taken over by this replica for a client that reads them: resumed (the upstream answered the resume from the stored upstream event ID), refused (it refused it: the call failed explicitly), credential_refused (it refused, 401, the credential the client came back with: the call waits for the client to refresh), failed (it could not be reached: the call failed explicitly), complete (every answer was stored already: the stream ended here).", "outcome")
 	untapped = newCounterVec("untapped_total",
 		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused, attach_failed.", "reason")
 	storeRefusals = newCounterVec("store_refusals_total",

@@ -182,11 +182,12 @@ func (rl *relay) run(ctx context.Context) {
 // cut ends the client's connection so that it resumes: a stopping
 // process, a takeover the client's credential cannot make. Cut before any
 // event with an ID on this connection (a resume at head, or one that came
-// as a drain began), the client's own position goes first, an ID with no
-// data, which no SSE client dispatches: the Go SDK takes a stream cut with
-// no ID in it for the call lost; with it, it resumes again. Only for
-// versions whose streams start with a priming event: older clients get no
-// event without data anywhere.
+// as a drain began), the client's own position first, an ID with no data,
+// which no SSE client dispatches. The Go SDK takes a stream cut with no ID
+// in it for the call lost; with it, it resumes again. Only for versions
+// whose streams start with a priming event: older clients get no event
+// without data anywhere (some parsers dispatch one, and their clients fail
+// on its empty data).
 func (rl *relay) cut() {
 	if !rl.wroteEvents && primes(rl.sess.Meta().Version) {
 		rl.write(sse.AppendID(nil, string(eventid.Append(nil, rl.sess.Epoch(), rl.stream.Num(), rl.delivered))), []byte("\n"))
