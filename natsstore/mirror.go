@@ -34,7 +34,8 @@ type mirror[T any] struct {
 
 	// markerTTL, if set, is how long JetStream keeps a deletion's marker
 	// (the bucket has LimitMarkerTTL): deletions are purges that expire,
-	// and leave nothing for tidy to remove.
+	// and leave nothing for tidy to remove (but a plain delete's marker,
+	// from a replica of an earlier version).
 	markerTTL time.Duration
 
 	mu      sync.RWMutex
@@ -69,6 +70,9 @@ type entry[T any] struct {
 	// TTL's expiry (or was found gone unseen) rather than a delete.
 	prev    *T
 	expired bool
+	// byDelete: the marker is a plain delete's (a replica without
+	// markerTTL made it), which stays in the bucket until tidy purges it.
+	byDelete bool
 }
 
 func newMirror[T any](kv jetstream.KeyValue, group func(string) string, changed func(string, *T)) *mirror[T] {
@@ -214,6 +218,7 @@ func (m *mirror[T]) applyAs(key string, rev uint64, raw []byte, val *T, expired 
 		e.prev = nil
 	}
 	e.expired = val == nil && expired
+	e.byDelete = false
 	e.rev, e.val, e.raw, e.seen = rev, val, raw, time.Now().UnixNano()
 	if m.index != nil && (old != nil || val != nil) {
 		m.index(key, old, val)
@@ -251,9 +256,10 @@ func (m *mirror[T]) applyAs(key string, rev uint64, raw []byte, val *T, expired 
 
 // due takes the deletions older than age off tidy's queue (at most max),
 // forgetting them: until then they keep a late delivery of an older
-// revision from bringing a key back. It returns those still deleted, with
-// the revision of their delete marker as the mirror knows it; a key
-// written again since is not among them.
+// revision from bringing a key back. It returns those still deleted whose
+// marker tidy must purge, with the revision of their delete marker as the
+// mirror knows it; a key written again since is not among them, nor (with
+// markerTTL) a marker that goes by itself: only a plain delete's.
 func (m *mirror[T]) due(age time.Duration, max int) []keyRev {
 	cut := time.Now().Add(-age).UnixNano()
 	m.mu.Lock()
@@ -264,7 +270,9 @@ func (m *mirror[T]) due(age time.Duration, max int) []keyRev {
 		g := m.gone[n]
 		n++
 		if e := m.entries[g.key]; e != nil && e.val == nil {
-			out = append(out, keyRev{g.key, e.rev})
+			if m.markerTTL == 0 || e.byDelete {
+				out = append(out, keyRev{g.key, e.rev})
+			}
 			delete(m.entries, g.key)
 		}
 	}
@@ -347,6 +355,13 @@ func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
 		// A key's TTL expiry reaches the watch as a purge marker (the
 		// store never purges keys itself); a delete as a delete.
 		m.applyAs(e.Key(), e.Revision(), nil, nil, e.Operation() == jetstream.KeyValuePurge)
+		if e.Operation() == jetstream.KeyValueDelete {
+			m.mu.Lock()
+			if cur := m.entries[e.Key()]; cur != nil && cur.rev == e.Revision() && cur.val == nil {
+				cur.byDelete = true
+			}
+			m.mu.Unlock()
+		}
 		return
 	}
 	m.mu.RLock()

@@ -223,6 +223,9 @@ func (st *Store) provision(ctx context.Context) error {
 	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
 	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
 	st.leases.markerTTL = leaseMarkerTTL
+	// A deleted record's marker goes by itself once every mirror may have
+	// forgotten the deletion (tidyAge): no purge request per deletion.
+	st.sessions.markerTTL, st.streams.markerTTL, st.tombs.markerTTL = recordMarkerTTL(), recordMarkerTTL(), recordMarkerTTL()
 	// Record writes read their acknowledgements without encoding/json.
 	for _, w := range []struct {
 		set    *func(context.Context, string, []byte, uint64) (uint64, error)
@@ -271,9 +274,9 @@ func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 	}
 	buckets := []struct {
 		name string
-		ttl  bool // per-key TTLs (leases)
+		ttl  bool // per-key TTLs: leases' expiries, and markers that expire
 	}{
-		{n.sessions, false}, {n.streams, false}, {n.tombs, false}, {n.leases, true}, {n.meta, true},
+		{n.sessions, true}, {n.streams, true}, {n.tombs, true}, {n.leases, true}, {n.meta, true},
 	}
 	kvs := make([]jetstream.KeyValue, len(buckets))
 	for i, b := range buckets {
@@ -298,6 +301,12 @@ func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 // expired or was released (the lease buckets' LimitMarkerTTL): long enough
 // for every watch to see it, and then it goes by itself.
 const leaseMarkerTTL = 5 * time.Second
+
+// recordMarkerTTL is how long the marker of a deleted session, stream or
+// tombstone record stays in its bucket: as long as the mirrors remember
+// the deletion (tidyAge), so a late delivery of an older revision never
+// brings the key back; at least a second, JetStream's least message TTL.
+func recordMarkerTTL() time.Duration { return max(tidyAge, time.Second) }
 
 // provisioning retries fn while the cluster is still forming (no leader,
 // peers not yet known to it) until ctx ends.

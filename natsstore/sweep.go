@@ -311,11 +311,13 @@ const tidyBatch = 4096
 // every session and stream ever ended). It runs every sweep interval and
 // takes only what came due since the last step, so its cost follows the
 // deletions as they happen instead of arriving at once: there is no scan
-// of the buckets (KeyValue.PurgeDeletes reads every key of one). Each
-// marker goes by a purge of its key below the marker's revision and the
-// marker itself, so a key written again since keeps its new value. Lease
-// markers expire by themselves (markerTTL) and are only forgotten. A
-// replica that starts loads every marker into its mirror, so markers
+// of the buckets (KeyValue.PurgeDeletes reads every key of one). This
+// version's deletions are purges whose markers expire by themselves
+// (markerTTL, recordMarkerTTL: no request per deletion), and are only
+// forgotten; a plain delete's marker (a replica of an earlier version
+// made it) goes by a purge of its key below the marker's revision and the
+// marker itself, so a key written again since keeps its new value. A
+// replica that starts loads every marker into its mirror, so such markers
 // whose deleter died before the minute was up are removed all the same.
 func (st *Store) tidy(sweeper bool) {
 	st.leases.due(tidyAge, tidyBatch)
