@@ -27,6 +27,11 @@ type mirror[T any] struct {
 	// write, if set, is the compare-and-set of update (KeyValue.Update
 	// otherwise): the store's, which reads acknowledgements cheaply.
 	write func(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
+	// createTTL and purge, if set, are createWithTTL's and remove's
+	// writes (KeyValue.Create with a TTL and KeyValue.Purge otherwise),
+	// the store's too.
+	createTTL func(ctx context.Context, key string, value []byte, ttl time.Duration) (uint64, error)
+	purge     func(ctx context.Context, key string, rev uint64, ttl time.Duration) error
 	// index, if set, is told of every applied change with the value it
 	// replaces (nil: none), under the mirror's lock and in revision order:
 	// it must be quick and use no mirror.
@@ -537,6 +542,36 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 	}
 }
 
+// createWithTTL is create of a key with a per-key TTL (a lease): by
+// createTTL where set and the key was never written, else KeyValue.Create.
+func (m *mirror[T]) createWithTTL(ctx context.Context, key string, v *T, ttl time.Duration) (uint64, error) {
+	if m.createTTL == nil {
+		return m.create(ctx, key, v, jetstream.KeyTTL(ttl))
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, err
+	}
+	for round := 0; ; round++ {
+		rev, err := m.createTTL(ctx, key, b, ttl)
+		if isWrongLast(err) {
+			// Written before (a marker, or a holder): KeyValue.Create
+			// tells a deleted key from one that exists.
+			rev, err = m.kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
+		}
+		if err == nil {
+			m.apply(key, rev, b, v)
+			return rev, nil
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || !transient(err) || round >= 20 {
+			return 0, err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
 // put writes key whatever it holds.
 func (m *mirror[T]) put(ctx context.Context, key string, v *T) error {
 	b, err := json.Marshal(v)
@@ -573,7 +608,9 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 	}
 	for round := 0; ; round++ {
 		var err error
-		if m.markerTTL > 0 {
+		if m.purge != nil && m.markerTTL > 0 {
+			err = m.purge(ctx, key, rev, m.markerTTL)
+		} else if m.markerTTL > 0 {
 			err = m.kv.Purge(ctx, key, opts...)
 		} else {
 			err = m.kv.Delete(ctx, key, opts...)

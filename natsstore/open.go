@@ -226,7 +226,20 @@ func (st *Store) provision(ctx context.Context) error {
 	// A deleted record's marker goes by itself once every mirror may have
 	// forgotten the deletion (tidyAge): no purge request per deletion.
 	st.sessions.markerTTL, st.streams.markerTTL, st.tombs.markerTTL = recordMarkerTTL(), recordMarkerTTL(), recordMarkerTTL()
-	// Record writes read their acknowledgements without encoding/json.
+	// Record writes read their acknowledgements without encoding/json, and
+	// so do a lease's take and release, and a record's removal.
+	st.leases.createTTL = func(ctx context.Context, key string, value []byte, ttl time.Duration) (uint64, error) {
+		return st.kvCreateTTL(ctx, st.names.leases, key, value, ttl)
+	}
+	for _, m := range []struct {
+		set    *func(context.Context, string, uint64, time.Duration) error
+		bucket string
+	}{{&st.leases.purge, st.names.leases}, {&st.sessions.purge, st.names.sessions}, {&st.streams.purge, st.names.streams}, {&st.tombs.purge, st.names.tombs}} {
+		bucket := m.bucket
+		*m.set = func(ctx context.Context, key string, rev uint64, ttl time.Duration) error {
+			return st.kvPurge(ctx, bucket, key, rev, ttl)
+		}
+	}
 	for _, w := range []struct {
 		set    *func(context.Context, string, []byte, uint64) (uint64, error)
 		bucket string
