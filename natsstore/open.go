@@ -69,6 +69,7 @@ type Store struct {
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs
 	kvStreams sync.Map              // bucket -> the stream under it (tidy purges markers there)
 	incs      incIndex              // per session incarnation, what calls ask of its streams
+	tally     sessionTally          // the sessions in the mirror, by origin (admission)
 	probeErr  atomic.Pointer[error] // why the last health probe failed; nil while it answers
 	bg        struct {
 		mu     sync.Mutex
@@ -218,6 +219,7 @@ func (st *Store) provision(ctx context.Context) error {
 	}
 	st.meta = kvs[4]
 	st.sessions = newMirror(kvs[0], nil, st.sessionChanged)
+	st.sessions.index = st.tally.changed
 	st.streams = newMirror(kvs[1], incarnationOf, st.streamChanged)
 	st.streams.index = st.incs.changed
 	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)

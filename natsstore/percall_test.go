@@ -312,7 +312,7 @@ func TestWhatAShortCallCosts(t *testing.T) {
 }
 
 // checkIndex compares what the index says of every incarnation with a walk
-// of the stream records.
+// of the stream records, and the sessions tally with one of the sessions.
 func checkIndex(t testing.TB, st *Store) {
 	t.Helper()
 	type walk struct {
@@ -336,6 +336,20 @@ func checkIndex(t testing.TB, st *Store) {
 			w.latest[string(r.Key)] = max(w.latest[string(r.Key)], num)
 		}
 	})
+	var sessions policy.SessionCounts
+	st.sessions.each(func(_ string, r *sessionRecord, _ uint64) {
+		switch r.origin() {
+		case policy.Adopted:
+			sessions.Adopted++
+		case policy.Untapped:
+			sessions.Untapped++
+		default:
+			sessions.Sessions++
+		}
+	})
+	if c := st.tally.counts(); c != sessions {
+		t.Errorf("the tally counts %+v sessions, the records %+v", c, sessions)
+	}
 	for inc, w := range walks {
 		if n := st.incs.liveRequests(inc); n != w.live {
 			t.Errorf("%s: the index counts %d live request streams, the records %d", inc, n, w.live)
