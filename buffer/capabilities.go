@@ -41,6 +41,18 @@ func AppendBatch(ctx context.Context, s Stream, entries []Entry) (last uint64, n
 	return last, n, nil
 }
 
+// CallOpener is a Session that opens a call's request stream with its
+// producer role taken and its client attached from the first event in one
+// step: what NewStream, TakeProducer and Attach(1) do in turn, as the glue
+// does them for every POST it taps, which a shared store records in fewer
+// writes (the JetStream store: the stream's record is created with its
+// reader entry, one write where two were). Errors are NewStream's while
+// the stream is nil; with the stream made, TakeProducer's or Attach's,
+// and what the stream holds then is as after those calls failing.
+type CallOpener interface {
+	OpenCall(ctx context.Context, ids []string, key [32]byte) (Stream, Producer, Reader, error)
+}
+
 // Availability is a Store that can be out of reach (a shared one): while
 // Available returns an error, the proxy refuses new sessions and calls with
 // 503 before they reach the upstream. A Store without it is always

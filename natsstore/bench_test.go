@@ -3,6 +3,8 @@ package natsstore
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,4 +112,42 @@ func ack(b *testing.B, str buffer.Stream, seq uint64) {
 	}); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// BenchmarkShortCall runs short calls back to back on one session, as
+// TestWhatAShortCallCosts makes them (a progress event and the result,
+// relayed to the end, the producer role taken and given up), on an
+// embedded single node: the store's share of resume's BenchmarkShortCall
+// with the JetStream store. CPU/op is the process's CPU (store and
+// embedded server) per call, including what the sweeper does after it
+// (eviction, retirement) while the calls run; ops/s is calls per second.
+func BenchmarkShortCall(b *testing.B) {
+	lim := testLimits()
+	lim.ResumeWindow = 200 * time.Millisecond
+	lim.SessionIdleTimeout = time.Hour
+	st := openEmbedded(b, lim, func(o *Options) { o.SweepInterval = 50 * time.Millisecond })
+	sess, err := st.CreateSession("bench", buffer.SessionMeta{Version: "2025-06-18"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < 2*buffer.EndedStreamsKept; i++ { // to the steady state: ended streams retired as new ones end
+		shortCall(b, sess, fmt.Sprint(1_000_000+i))
+	}
+	time.Sleep(2 * lim.ResumeWindow)
+	b.ReportAllocs()
+	cpu0 := processCPU()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		shortCall(b, sess, fmt.Sprint(i+1))
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+}
+
+// processCPU is the CPU time this process has used, in nanoseconds.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }

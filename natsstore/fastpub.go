@@ -86,3 +86,30 @@ func (st *Store) kvUpdate(ctx context.Context, bucket, key string, value []byte,
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	return st.publish(ctx, msg)
 }
+
+// kvCreateTTL is KeyValue.Create of a key never written (compare-and-set
+// at revision 0) with a per-key TTL, through publish: a producer lease,
+// taken by every call.
+func (st *Store) kvCreateTTL(ctx context.Context, bucket, key string, value []byte, ttl time.Duration) (uint64, error) {
+	msg := &nats.Msg{Subject: "$KV." + bucket + "." + key, Data: value, Header: nats.Header{}}
+	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, "0")
+	msg.Header.Set(jetstream.MsgTTLHeader, ttl.String())
+	return st.publish(ctx, msg)
+}
+
+// kvPurge is KeyValue.Purge of key (if still at revision rev, 0: whatever
+// it holds), its marker kept for ttl (0: until purged), through publish: a
+// released lease and a retired record, one of each per call.
+func (st *Store) kvPurge(ctx context.Context, bucket, key string, rev uint64, ttl time.Duration) error {
+	msg := &nats.Msg{Subject: "$KV." + bucket + "." + key, Header: nats.Header{}}
+	msg.Header.Set("KV-Operation", "PURGE")
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	if ttl > 0 {
+		msg.Header.Set(jetstream.MsgTTLHeader, ttl.String())
+	}
+	if rev > 0 {
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	}
+	_, err := st.publish(ctx, msg)
+	return err
+}

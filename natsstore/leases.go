@@ -39,7 +39,7 @@ func (st *Store) acquire(key string, lost func()) (bool, error) {
 	rec := &leaseRecord{Replica: st.opts.ReplicaID, Since: sent.UnixNano()}
 	ctx, cancel := context.WithTimeout(st.ctx, 10*time.Second)
 	defer cancel()
-	rev, err := st.leases.create(ctx, key, rec, jetstream.KeyTTL(st.opts.LeaseTTL))
+	rev, err := st.leases.createWithTTL(ctx, key, rec, st.opts.LeaseTTL)
 	if errors.Is(err, jetstream.ErrKeyExists) {
 		return false, nil
 	}

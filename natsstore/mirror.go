@@ -27,6 +27,11 @@ type mirror[T any] struct {
 	// write, if set, is the compare-and-set of update (KeyValue.Update
 	// otherwise): the store's, which reads acknowledgements cheaply.
 	write func(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
+	// createTTL and purge, if set, are createWithTTL's and remove's
+	// writes (KeyValue.Create with a TTL and KeyValue.Purge otherwise),
+	// the store's too.
+	createTTL func(ctx context.Context, key string, value []byte, ttl time.Duration) (uint64, error)
+	purge     func(ctx context.Context, key string, rev uint64, ttl time.Duration) error
 	// index, if set, is told of every applied change with the value it
 	// replaces (nil: none), under the mirror's lock and in revision order:
 	// it must be quick and use no mirror.
@@ -34,7 +39,8 @@ type mirror[T any] struct {
 
 	// markerTTL, if set, is how long JetStream keeps a deletion's marker
 	// (the bucket has LimitMarkerTTL): deletions are purges that expire,
-	// and leave nothing for tidy to remove.
+	// and leave nothing for tidy to remove (but a plain delete's marker,
+	// from a replica of an earlier version).
 	markerTTL time.Duration
 
 	mu      sync.RWMutex
@@ -69,6 +75,9 @@ type entry[T any] struct {
 	// TTL's expiry (or was found gone unseen) rather than a delete.
 	prev    *T
 	expired bool
+	// byDelete: the marker is a plain delete's (a replica without
+	// markerTTL made it), which stays in the bucket until tidy purges it.
+	byDelete bool
 }
 
 func newMirror[T any](kv jetstream.KeyValue, group func(string) string, changed func(string, *T)) *mirror[T] {
@@ -214,6 +223,7 @@ func (m *mirror[T]) applyAs(key string, rev uint64, raw []byte, val *T, expired 
 		e.prev = nil
 	}
 	e.expired = val == nil && expired
+	e.byDelete = false
 	e.rev, e.val, e.raw, e.seen = rev, val, raw, time.Now().UnixNano()
 	if m.index != nil && (old != nil || val != nil) {
 		m.index(key, old, val)
@@ -251,9 +261,10 @@ func (m *mirror[T]) applyAs(key string, rev uint64, raw []byte, val *T, expired 
 
 // due takes the deletions older than age off tidy's queue (at most max),
 // forgetting them: until then they keep a late delivery of an older
-// revision from bringing a key back. It returns those still deleted, with
-// the revision of their delete marker as the mirror knows it; a key
-// written again since is not among them.
+// revision from bringing a key back. It returns those still deleted whose
+// marker tidy must purge, with the revision of their delete marker as the
+// mirror knows it; a key written again since is not among them, nor (with
+// markerTTL) a marker that goes by itself: only a plain delete's.
 func (m *mirror[T]) due(age time.Duration, max int) []keyRev {
 	cut := time.Now().Add(-age).UnixNano()
 	m.mu.Lock()
@@ -264,7 +275,9 @@ func (m *mirror[T]) due(age time.Duration, max int) []keyRev {
 		g := m.gone[n]
 		n++
 		if e := m.entries[g.key]; e != nil && e.val == nil {
-			out = append(out, keyRev{g.key, e.rev})
+			if m.markerTTL == 0 || e.byDelete {
+				out = append(out, keyRev{g.key, e.rev})
+			}
 			delete(m.entries, g.key)
 		}
 	}
@@ -347,6 +360,13 @@ func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
 		// A key's TTL expiry reaches the watch as a purge marker (the
 		// store never purges keys itself); a delete as a delete.
 		m.applyAs(e.Key(), e.Revision(), nil, nil, e.Operation() == jetstream.KeyValuePurge)
+		if e.Operation() == jetstream.KeyValueDelete {
+			m.mu.Lock()
+			if cur := m.entries[e.Key()]; cur != nil && cur.rev == e.Revision() && cur.val == nil {
+				cur.byDelete = true
+			}
+			m.mu.Unlock()
+		}
 		return
 	}
 	m.mu.RLock()
@@ -522,6 +542,36 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 	}
 }
 
+// createWithTTL is create of a key with a per-key TTL (a lease): by
+// createTTL where set and the key was never written, else KeyValue.Create.
+func (m *mirror[T]) createWithTTL(ctx context.Context, key string, v *T, ttl time.Duration) (uint64, error) {
+	if m.createTTL == nil {
+		return m.create(ctx, key, v, jetstream.KeyTTL(ttl))
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return 0, err
+	}
+	for round := 0; ; round++ {
+		rev, err := m.createTTL(ctx, key, b, ttl)
+		if isWrongLast(err) {
+			// Written before (a marker, or a holder): KeyValue.Create
+			// tells a deleted key from one that exists.
+			rev, err = m.kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
+		}
+		if err == nil {
+			m.apply(key, rev, b, v)
+			return rev, nil
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) || !transient(err) || round >= 20 {
+			return 0, err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return 0, ctx.Err()
+		}
+	}
+}
+
 // put writes key whatever it holds.
 func (m *mirror[T]) put(ctx context.Context, key string, v *T) error {
 	b, err := json.Marshal(v)
@@ -558,7 +608,9 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 	}
 	for round := 0; ; round++ {
 		var err error
-		if m.markerTTL > 0 {
+		if m.purge != nil && m.markerTTL > 0 {
+			err = m.purge(ctx, key, rev, m.markerTTL)
+		} else if m.markerTTL > 0 {
 			err = m.kv.Purge(ctx, key, opts...)
 		} else {
 			err = m.kv.Delete(ctx, key, opts...)

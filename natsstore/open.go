@@ -69,6 +69,7 @@ type Store struct {
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs
 	kvStreams sync.Map              // bucket -> the stream under it (tidy purges markers there)
 	incs      incIndex              // per session incarnation, what calls ask of its streams
+	tally     sessionTally          // the sessions in the mirror, by origin (admission)
 	probeErr  atomic.Pointer[error] // why the last health probe failed; nil while it answers
 	bg        struct {
 		mu     sync.Mutex
@@ -218,12 +219,29 @@ func (st *Store) provision(ctx context.Context) error {
 	}
 	st.meta = kvs[4]
 	st.sessions = newMirror(kvs[0], nil, st.sessionChanged)
+	st.sessions.index = st.tally.changed
 	st.streams = newMirror(kvs[1], incarnationOf, st.streamChanged)
 	st.streams.index = st.incs.changed
 	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
 	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
 	st.leases.markerTTL = leaseMarkerTTL
-	// Record writes read their acknowledgements without encoding/json.
+	// A deleted record's marker goes by itself once every mirror may have
+	// forgotten the deletion (tidyAge): no purge request per deletion.
+	st.sessions.markerTTL, st.streams.markerTTL, st.tombs.markerTTL = recordMarkerTTL(), recordMarkerTTL(), recordMarkerTTL()
+	// Record writes read their acknowledgements without encoding/json, and
+	// so do a lease's take and release, and a record's removal.
+	st.leases.createTTL = func(ctx context.Context, key string, value []byte, ttl time.Duration) (uint64, error) {
+		return st.kvCreateTTL(ctx, st.names.leases, key, value, ttl)
+	}
+	for _, m := range []struct {
+		set    *func(context.Context, string, uint64, time.Duration) error
+		bucket string
+	}{{&st.leases.purge, st.names.leases}, {&st.sessions.purge, st.names.sessions}, {&st.streams.purge, st.names.streams}, {&st.tombs.purge, st.names.tombs}} {
+		bucket := m.bucket
+		*m.set = func(ctx context.Context, key string, rev uint64, ttl time.Duration) error {
+			return st.kvPurge(ctx, bucket, key, rev, ttl)
+		}
+	}
 	for _, w := range []struct {
 		set    *func(context.Context, string, []byte, uint64) (uint64, error)
 		bucket string
@@ -271,9 +289,9 @@ func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 	}
 	buckets := []struct {
 		name string
-		ttl  bool // per-key TTLs (leases)
+		ttl  bool // per-key TTLs: leases' expiries, and markers that expire
 	}{
-		{n.sessions, false}, {n.streams, false}, {n.tombs, false}, {n.leases, true}, {n.meta, true},
+		{n.sessions, true}, {n.streams, true}, {n.tombs, true}, {n.leases, true}, {n.meta, true},
 	}
 	kvs := make([]jetstream.KeyValue, len(buckets))
 	for i, b := range buckets {
@@ -298,6 +316,12 @@ func (st *Store) ensure(ctx context.Context) ([]jetstream.KeyValue, error) {
 // expired or was released (the lease buckets' LimitMarkerTTL): long enough
 // for every watch to see it, and then it goes by itself.
 const leaseMarkerTTL = 5 * time.Second
+
+// recordMarkerTTL is how long the marker of a deleted session, stream or
+// tombstone record stays in its bucket: as long as the mirrors remember
+// the deletion (tidyAge), so a late delivery of an older revision never
+// brings the key back; at least a second, JetStream's least message TTL.
+func recordMarkerTTL() time.Duration { return max(tidyAge, time.Second) }
 
 // provisioning retries fn while the cluster is still forming (no leader,
 // peers not yet known to it) until ctx ends.

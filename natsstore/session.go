@@ -182,12 +182,43 @@ func (s *session) AdmitStream() bool {
 // twice; its producer lease is taken before its record exists, so no
 // sweeper takes it for a stream whose producer died.
 func (s *session) NewStream(ids []string, key [32]byte) (buffer.Stream, error) {
+	str, _, err := s.newStream(ids, key, false)
+	if err != nil {
+		return nil, err
+	}
+	return str, nil
+}
+
+// OpenCall implements buffer.CallOpener: NewStream, TakeProducer and
+// Attach(1) in turn, the reader entered in the stream record as it is
+// created (one write where NewStream and Attach made two: issue 23).
+func (s *session) OpenCall(ctx context.Context, ids []string, key [32]byte) (buffer.Stream, buffer.Producer, buffer.Reader, error) {
+	str, r, err := s.newStream(ids, key, true)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	p, err := str.TakeProducer(ctx)
+	if err != nil {
+		// The record names a reader no one will read: it leaves.
+		str.attached(r)
+		r.Close()
+		return str, nil, nil, err
+	}
+	// Attached with its producer here: the writer feeds it, as Attach after
+	// TakeProducer does.
+	str.attached(r)
+	return str, p, r, nil
+}
+
+// newStream is NewStream; with attach, the record it creates names a
+// reader from seq 1, returned (not yet attached here: see attached).
+func (s *session) newStream(ids []string, key [32]byte, attach bool) (*stream, *reader, error) {
 	st := s.st
 	if s.gone() {
-		return nil, buffer.ErrSessionGone
+		return nil, nil, buffer.ErrSessionGone
 	}
 	if !policy.AdmitStream(s.liveRequests(), st.Limits().MaxStreamsPerSession) {
-		return nil, buffer.ErrTooManyStreams
+		return nil, nil, buffer.ErrTooManyStreams
 	}
 	ctx, cancel := st.opCtx()
 	defer cancel()
@@ -201,36 +232,45 @@ func (s *session) NewStream(ids []string, key [32]byte) (buffer.Stream, error) {
 		return nil
 	})
 	if errors.Is(err, errNotFound) {
-		return nil, buffer.ErrSessionGone
+		return nil, nil, buffer.ErrSessionGone
 	}
 	if err != nil {
 		st.fault("new_stream", err)
-		return nil, err
+		return nil, nil, err
 	}
 	skey := streamKey(s.sh, s.epoch, num)
 	if ok, err := st.acquire(skey, nil); !ok {
 		if err == nil {
 			err = errors.New("natsstore: the new stream's lease is taken")
 		}
-		return nil, err
+		return nil, nil, err
 	}
 	rec := &streamRecord{Kind: policy.RequestStream, Floor: 1, Key: key[:], Opened: true, Created: time.Now().UnixNano(),
 		Producer: st.opts.ReplicaID}
 	for _, id := range ids {
 		rec.Requests = append(rec.Requests, policy.RequestView{ID: id})
 	}
+	str := s.stream(num, policy.RequestStream)
+	var r *reader
+	if attach {
+		if r, err = str.attachTo(rec, 1); err != nil {
+			st.release(skey)
+			s.forget(str)
+			return nil, nil, err
+		}
+	}
 	if _, err := st.streams.create(ctx, skey, rec); err != nil {
 		st.release(skey)
+		s.forget(str)
 		st.fault("new_stream", err)
-		return nil, err
+		return nil, nil, err
 	}
-	str := s.stream(num, policy.RequestStream)
 	str.fresh.Store(true)
 	st.keepLease(skey, str.producing.Load)
 	if s.gone() {
-		return nil, buffer.ErrSessionGone
+		return nil, nil, buffer.ErrSessionGone
 	}
-	return str, nil
+	return str, r, nil
 }
 
 func (s *session) Stream(num uint32) (buffer.Stream, bool) {

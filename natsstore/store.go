@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,19 +38,43 @@ func (st *Store) sessionRecord(id string) (*sessionRecord, uint64, bool) {
 
 // sessionCounts counts the zone's sessions as admission needs them.
 func (st *Store) sessionCounts() policy.SessionCounts {
-	var c policy.SessionCounts
-	st.sessions.each(func(_ string, r *sessionRecord, _ uint64) {
-		switch r.origin() {
-		case policy.Adopted:
-			c.Adopted++
-		case policy.Untapped:
-			c.Untapped++
-		default:
-			c.Sessions++
-		}
-	})
+	c := st.tally.counts()
 	c.MaxSessions = st.Limits().MaxSessions
 	return c
+}
+
+// sessionTally keeps the sessions mirror's counts by origin as its records
+// change (the mirror's index hook), so admission, asked twice for every
+// session created, does not walk every session (issue 23: a walk per
+// creation was 2% of the proxy's CPU in session churn, and grows with the
+// sessions held).
+type sessionTally struct {
+	n [3]atomic.Int64 // Sessions, Adopted, Untapped
+}
+
+func tallySlot(r *sessionRecord) int {
+	switch r.origin() {
+	case policy.Adopted:
+		return 1
+	case policy.Untapped:
+		return 2
+	}
+	return 0
+}
+
+// changed is the sessions mirror's index: old is replaced by cur (either
+// nil), under the mirror's lock.
+func (t *sessionTally) changed(_ string, old, cur *sessionRecord) {
+	if old != nil {
+		t.n[tallySlot(old)].Add(-1)
+	}
+	if cur != nil {
+		t.n[tallySlot(cur)].Add(1)
+	}
+}
+
+func (t *sessionTally) counts() policy.SessionCounts {
+	return policy.SessionCounts{Sessions: int(t.n[0].Load()), Adopted: int(t.n[1].Load()), Untapped: int(t.n[2].Load())}
 }
 
 // admissions counts this replica's session creations in flight, so that

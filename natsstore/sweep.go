@@ -208,6 +208,13 @@ func (st *Store) failOrphan(key string) {
 	defer st.release(key)
 	ctx, cancel := st.opCtx()
 	defer cancel()
+	// From KV, not the mirror: a producer ends the record before it lets
+	// the lease go, and stores no end marker when no reader is attached,
+	// so the record is what fences this end (the lease bucket's watch may
+	// have brought the release before the streams bucket's the end).
+	if _, _, err := st.streams.fetch(ctx, key); err != nil {
+		return
+	}
 	if rec, _, ok = st.streams.get(key); !ok || rec.State != policy.Live {
 		return
 	}
@@ -274,13 +281,15 @@ func (st *Store) failOrphan(key string) {
 // recordEnd writes a stream's end into its record.
 // also, if given, changes the record with the end (in the same write).
 func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64,
-	answers map[string]uint64, also ...func(*streamRecord)) {
+	answers map[string]uint64, also ...func(*streamRecord)) (ended bool) {
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	_, err := st.streams.update(ctx, key, func(r *streamRecord) error {
+		ended = false
 		if r.State != policy.Live {
 			return errUnchanged
 		}
+		ended = true
 		for id, seq := range answers {
 			r.answer(id, seq)
 		}
@@ -293,9 +302,13 @@ func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.R
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, errNotFound) {
-		st.fault("end_stream", err)
+	if err != nil {
+		ended = false
+		if !errors.Is(err, errNotFound) {
+			st.fault("end_stream", err)
+		}
 	}
+	return ended
 }
 
 // tidyAge is how long a deletion is remembered (in the mirrors, by its
@@ -311,11 +324,13 @@ const tidyBatch = 4096
 // every session and stream ever ended). It runs every sweep interval and
 // takes only what came due since the last step, so its cost follows the
 // deletions as they happen instead of arriving at once: there is no scan
-// of the buckets (KeyValue.PurgeDeletes reads every key of one). Each
-// marker goes by a purge of its key below the marker's revision and the
-// marker itself, so a key written again since keeps its new value. Lease
-// markers expire by themselves (markerTTL) and are only forgotten. A
-// replica that starts loads every marker into its mirror, so markers
+// of the buckets (KeyValue.PurgeDeletes reads every key of one). This
+// version's deletions are purges whose markers expire by themselves
+// (markerTTL, recordMarkerTTL: no request per deletion), and are only
+// forgotten; a plain delete's marker (a replica of an earlier version
+// made it) goes by a purge of its key below the marker's revision and the
+// marker itself, so a key written again since keeps its new value. A
+// replica that starts loads every marker into its mirror, so such markers
 // whose deleter died before the minute was up are removed all the same.
 func (st *Store) tidy(sweeper bool) {
 	st.leases.due(tidyAge, tidyBatch)

@@ -512,8 +512,19 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 	if !failed {
 		// The record first: readers on every replica end by it (after the
 		// head), so the marker that follows only ends them sooner. A client
-		// here that has everything leaves with the end (feed.go).
-		w.recordEnd(state, reason, head, off, expect, fed.leaveWithEnd(head))
+		// here that has everything leaves with the end (feed.go); if that
+		// leaves no reader attached, none needs the marker (one attaching
+		// later finds the record ended), so it is not stored: a short
+		// call's publish fewer (issue 23). A sweeper that takes the lease
+		// after its release reads the record from KV (failOrphan).
+		attached := true
+		recorded := w.recordEnd(state, reason, head, off, expect, fed.leaveWithEnd(head),
+			func(r *streamRecord) { attached = r.Reader != nil })
+		if recorded && !attached {
+			st.release(s.key)
+			s.changed.fire()
+			return true
+		}
 		msg := endMarker(s.subject, head, off, state, reason, upstream)
 		// The marker only ends readers sooner: it is not worth waiting for
 		// past the end's own bound when NATS is out of reach.
@@ -536,14 +547,15 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 }
 
 // recordEnd writes the end into the stream record.
-func (w *writer) recordEnd(state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64, also ...func(*streamRecord)) {
+// It reports whether this write ended the record.
+func (w *writer) recordEnd(state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64, also ...func(*streamRecord)) bool {
 	w.mu.Lock()
 	answers := make(map[string]uint64, len(w.answers))
 	for id, seq := range w.answers {
 		answers[id] = seq
 	}
 	w.mu.Unlock()
-	w.st.recordEnd(w.s.key, state, reason, head, off, msg, answers, also...)
+	return w.st.recordEnd(w.s.key, state, reason, head, off, msg, answers, also...)
 }
 
 // signal appends the standalone stream's failure signals; it goes on.

@@ -637,18 +637,15 @@ func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
 			}
 			t.tie(s)
 		}
-		stream, err := t.sess.NewStream(ids, key)
-		if err != nil {
+		stream, p, rd, err := openCall(t.ctx, t.sess, ids, key)
+		if stream == nil {
 			h.logger.Warn("stream not retained", zap.String("session", sid), zap.Error(err))
 			untapped.WithLabelValues("stream_refused").Inc()
 			return false
 		}
 		t.stream, t.pending = stream, append([]string(nil), ids...)
-		p, err := stream.TakeProducer(t.ctx) // a new stream: the role is this request's
-		var rd buffer.Reader
-		if err == nil {
+		if p != nil {
 			t.produce(stream, p)
-			rd, err = stream.Attach(1)
 		}
 		if err != nil {
 			// The upstream runs the call now: its answer goes to the
@@ -697,4 +694,30 @@ func (t *upstreamTap) takeoverFailed() {
 		zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()),
 		zap.String("upstream_last_event_id", truncate(t.takeoverFrom, 80)), zap.String("outcome", outcome),
 		zap.Int("status", t.lastStatus))
+}
+
+// openCall opens a call's request stream, takes its producer role (a new
+// stream: the role is this request's) and attaches its client from the
+// first event: in one step where the session can (buffer.CallOpener: the
+// JetStream store writes the stream's record once), else NewStream,
+// TakeProducer and Attach(1) in turn. The stream is nil if none was made;
+// an error with a stream is TakeProducer's or Attach's, with the producer
+// returned if it was taken.
+func openCall(ctx context.Context, sess buffer.Session, ids []string, key [32]byte) (buffer.Stream, buffer.Producer, buffer.Reader, error) {
+	if o, ok := sess.(buffer.CallOpener); ok {
+		return o.OpenCall(ctx, ids, key)
+	}
+	stream, err := sess.NewStream(ids, key)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	p, err := stream.TakeProducer(ctx)
+	if err != nil {
+		return stream, nil, nil, err
+	}
+	rd, err := stream.Attach(1)
+	if err != nil {
+		return stream, p, nil, err
+	}
+	return stream, p, rd, nil
 }

@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"io"
 	"slices"
 	"strconv"
 	"testing"
@@ -23,7 +24,79 @@ var capabilityContracts = []contract{
 	{"Availability", testAvailability},
 	{"TakeoverOnOneReplica", testTakeoverCapability},
 	{"UpstreamTail", testUpstreamTail},
+	{"CallOpener", testCallOpener},
 	{"Inspector", testInspector},
+}
+
+// OpenCall is NewStream, TakeProducer and Attach(1) in one step: the
+// stream is the session's next request stream, found by its request key,
+// its producer's role is held (a second TakeProducer is refused), and its
+// reader is the attached one: it reads what the producer appends to the
+// end, and an Attach elsewhere takes over from it.
+func testCallOpener(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	sess := MustSession(t, st, "s1")
+	o, ok := sess.(buffer.CallOpener)
+	if !ok {
+		t.Skip("the store's sessions are no CallOpener")
+	}
+	MustStream(t, sess, "0") // stream 1
+	str, p, rd, err := o.OpenCall(context.Background(), []string{"1"}, [32]byte{7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	if str.Num() != 2 || str.Kind() != policy.RequestStream || sess.NextStream() != 3 {
+		t.Fatalf("OpenCall made stream %d (%v), next %d; want 2, a request stream, 3", str.Num(), str.Kind(), sess.NextStream())
+	}
+	if found, ok := sess.StreamByKey([32]byte{7}); !ok || found.Num() != 2 {
+		t.Fatalf("StreamByKey: %v", ok)
+	}
+	if !str.Connected() {
+		t.Fatal("its reader is not connected")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	if _, err := str.TakeProducer(ctx); err == nil {
+		t.Fatal("a second TakeProducer succeeded")
+	}
+	cancel()
+	first, second := entry(1, "u1"), entry(2, "u2")
+	second.Answers = []string{"1"}
+	if _, n, err := buffer.AppendBatch(context.Background(), str, []buffer.Entry{first, second}); err != nil || n != 2 {
+		t.Fatalf("append: %d, %v", n, err)
+	}
+	evs, err := ReadUntil(t, rd, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	CheckSeqs(t, evs, 1, EvSize)
+	rd.Delivered(2)
+	str.Complete()
+	p.Done()
+	if evs, err := ReadAll(t, rd); len(evs) != 0 || !errors.Is(err, io.EOF) {
+		t.Fatalf("after the end: %d events, %v; want none, EOF", len(evs), err)
+	}
+	if v := str.View(); v.State != policy.Complete || v.Head != 2 || len(v.Requests) != 1 || v.Requests[0].AnsweredAt != 2 {
+		t.Fatalf("view after the end: %+v", v)
+	}
+
+	// Another call's reader is taken over by an Attach.
+	str2, p2, rd2, err := o.OpenCall(context.Background(), []string{"2"}, [32]byte{8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Done()
+	defer rd2.Close()
+	rd3, err := str2.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd3.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := rd2.Read(ctx, nil, 1<<20, 5*time.Second); !errors.Is(err, buffer.ErrTakenOver) {
+		t.Fatalf("the OpenCall reader after another attached: %v, want ErrTakenOver", err)
+	}
 }
 
 // A request stream's producer goes without ending it (its upstream read
