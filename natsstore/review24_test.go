@@ -359,6 +359,12 @@ func TestReview24ResumeLatencyWithLargeEventsAtTheHead(t *testing.T) {
 	defer rd.Close()
 	c := w.since()
 	t.Logf("Resume acknowledging 6 events of 2 MiB took %v: %s", took, describe(c, 1))
+	// 8 direct gets on the commit before the tail (about 40 ms without
+	// -race), 26 with it (about 145 ms: the eviction reads the 12 MiB
+	// back before Resume returns).
+	if g := total(c, is("direct get")); g > 40 {
+		t.Fatalf("%d direct gets", g)
+	}
 }
 
 // A producer died between the parts of event 4; B takes over, stores
@@ -461,5 +467,43 @@ func TestReview24TailOfMessagesStoredBeforeMcprIds(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("tail: %+v, want %+v", got, want)
+	}
+}
+
+// A long call with sparse progress (one event every 150 ms, a resume
+// window of 300 ms) relayed to its attached client: the sweeper evicts
+// what was delivered past the window, always among the last 16, so every
+// such eviction reads back what it purges. Counted for 20 events.
+func TestReview24SlowLiveCallEvictionCost(t *testing.T) {
+	lim := testLimits()
+	lim.ResumeWindow = 300 * time.Millisecond
+	st := openEmbedded(t, lim)
+	w := newWiretap(t, st)
+	s, _ := st.CreateSession("s", buffer.SessionMeta{})
+	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
+	claim(t, str)
+	rd, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rd.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	w.since()
+	for seq := uint64(1); seq <= 20; seq++ {
+		produceWithCursor(t, str, seq, seq)
+		b, err := rd.Read(ctx, nil, 1<<20, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd.Delivered(b.Last)
+		time.Sleep(150 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	c := w.since()
+	t.Logf("floor %d after 20 sparse events: %s", str.View().Floor, describe(c, 20))
+	// 2.75 direct gets an event on the commit before the tail, 6.9 with it.
+	if g := float64(total(c, is("direct get"))) / 20; g > 8 {
+		t.Fatalf("%.2f direct gets an event", g)
 	}
 }
