@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
@@ -209,4 +210,35 @@ func resendsBeforeAny(k int) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// A replay that resends 20 events before the cursor, more than the 16 the
+// filter knows (README: "what the upstream's replay resends of the
+// stream's last 16 events ... is dropped"): the older ones get through,
+// at most 4 of them, nothing of the last 16, and the call ends.
+func TestReview24ReplayBeyondTheTailRepeatsOnlyWhatIsOlder(t *testing.T) {
+	t.Parallel()
+	ns := testnet.NATS(t)
+	d := upstreamBehind(t, resendsBefore(20))
+	store := storeNATS(natsURLs(ns), "")
+	a, b := d.start("r1", store, true), d.start("r2", store, true)
+	const n = 40
+	ca, first := callThenKill(t, a, "2025-11-25", n, 100, 26) // priming, 25 progress notifications
+	time.Sleep(3 * time.Second)
+	rest := readThenClose(t, resume(t, b, "2025-11-25", ca.SessionID, lastID(first)), 0)
+	progress, result, errs := callParts(t, first, rest)
+	if len(errs) > 0 || result != fmt.Sprintf("counted to %d", n) {
+		t.Fatalf("result %q, errors %q", result, errs)
+	}
+	seen := map[float64]int{}
+	var dups []float64
+	for _, p := range progress {
+		if seen[p]++; seen[p] > 1 {
+			dups = append(dups, p)
+		}
+	}
+	if len(seen) != n || len(dups) > 20-buffer.TailKeep {
+		t.Fatalf("%d distinct of %d, repeated %v: %v", len(seen), n, dups, progress)
+	}
+	t.Logf("repeated: %v", dups)
 }
