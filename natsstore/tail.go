@@ -19,6 +19,7 @@ package natsstore
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 
@@ -51,26 +52,38 @@ func (b *batch) ids() (string, bool) {
 // sends one, gets through): a message's headers have headerRoom, and an
 // upstream's IDs have no bound of their own.
 func joinIDs(ids []string) string {
-	const hex = "0123456789ABCDEF"
 	var b strings.Builder
 	for i, id := range ids {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		if id == "" || len(id) > maxTailID {
-			b.WriteString("%00")
+		if len(id) > maxTailID {
+			id = ""
+		}
+		b.WriteString(escapeID(id, false))
+	}
+	return b.String()
+}
+
+// escapeID is id as one element of Mcpr-Ids: '%', ',' and the bytes a
+// header value may not hold or would lose (controls, space: a value is
+// trimmed) as %XX, and with nonASCII every byte past 0x7f too; no ID is
+// "%00".
+func escapeID(id string, nonASCII bool) string {
+	const hex = "0123456789ABCDEF"
+	if id == "" {
+		return "%00"
+	}
+	var b strings.Builder
+	for j := 0; j < len(id); j++ {
+		c := id[j]
+		if c <= ' ' || c == ',' || c == '%' || c == 0x7f || nonASCII && c > 0x7f {
+			b.WriteByte('%')
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&15])
 			continue
 		}
-		for j := 0; j < len(id); j++ {
-			c := id[j]
-			if c <= ' ' || c == ',' || c == '%' || c == 0x7f {
-				b.WriteByte('%')
-				b.WriteByte(hex[c>>4])
-				b.WriteByte(hex[c&15])
-				continue
-			}
-			b.WriteByte(c)
-		}
+		b.WriteByte(c)
 	}
 	return b.String()
 }
@@ -153,6 +166,32 @@ type tailEntry struct {
 	Seq uint64 `json:"s"`
 	ID  string `json:"i"`
 	Sum uint64 `json:"h"`
+}
+
+// tailJSON is a tailEntry as the record holds it: the ID %-escaped as
+// Mcpr-Ids holds it, and every byte past ASCII too, since JSON holds only
+// UTF-8 and an SSE id line may carry any byte.
+type tailJSON struct {
+	Seq uint64 `json:"s"`
+	ID  string `json:"i"`
+	Sum uint64 `json:"h"`
+}
+
+func (e tailEntry) MarshalJSON() ([]byte, error) {
+	return json.Marshal(tailJSON{Seq: e.Seq, ID: escapeID(e.ID, true), Sum: e.Sum})
+}
+
+func (e *tailEntry) UnmarshalJSON(b []byte) error {
+	var j tailJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	ids, err := splitIDs(j.ID, 1)
+	if err != nil {
+		return err
+	}
+	*e = tailEntry{Seq: j.Seq, ID: ids[0], Sum: j.Sum}
+	return nil
 }
 
 // readTail returns the events from..to (to at most last's) that came with
