@@ -84,10 +84,11 @@ func (st *Store) evict(key string, now time.Time) bool {
 	if floor <= rec.Floor {
 		return false
 	}
-	// The last events of a live call go with their IDs and sums kept: the
-	// upstream's replay to a takeover may resend them (tail.go).
+	// The last events of a live stream go with their IDs and sums kept:
+	// the upstream's replay to a takeover (or to the next standalone GET,
+	// on any replica) may resend them (tail.go).
 	var tail []tailEntry
-	if !whole && last != nil && rec.Kind == policy.RequestStream && rec.State == policy.Live {
+	if !whole && last != nil && rec.State == policy.Live {
 		tail = st.evictedTail(ctx, subject, rec, floor, last)
 	}
 	var from uint64

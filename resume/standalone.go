@@ -58,6 +58,12 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 	defer t.close()
 	defer context.AfterFunc(h.rt.drainCtx, t.cancel)() // it never ends by itself: a drain ends it
 	t.lastID = stream.UpstreamCursor()
+	if t.lastID != "" {
+		// Resumed from the stored cursor: what the upstream's replay
+		// resends of the last events is dropped, whichever tap or
+		// replica took them.
+		t.seedRecent(stream)
+	}
 	answered := false
 	answer := func() {
 		t.startRelay(w, rd, pre, replayUpTo)

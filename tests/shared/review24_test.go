@@ -143,7 +143,6 @@ func takeoverWithOddIDs(t *testing.T, suffix string) {
 // before it, as the request stream's takeover above is given: every
 // notice once, in order.
 func TestReview24StandaloneMoveDropsTheReplaysRepeats(t *testing.T) {
-	t.Skip("review24: a standalone stream resumed on another replica from the stored cursor has no repeat filter: the upstream's replay repeats reach the client twice")
 	t.Parallel()
 	ns := testnet.NATS(t)
 	var seen []string
