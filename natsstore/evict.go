@@ -89,7 +89,7 @@ func (st *Store) evict(key string, now time.Time) bool {
 	// on any replica) may resend them (tail.go).
 	var tail []tailEntry
 	if !whole && last != nil && rec.State == policy.Live {
-		tail = st.evictedTail(ctx, subject, rec, floor, last)
+		tail = st.evictedTail(ctx, key, subject, rec, floor, last)
 	}
 	var from uint64
 	// Counted as the write succeeds, before the floor shows here.

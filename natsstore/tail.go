@@ -251,12 +251,73 @@ func (st *Store) readTail(ctx context.Context, subject string, from, to, hint ui
 	return out, nil
 }
 
+// tailRing is what a writer keeps of the last buffer.TailKeep events it
+// added, each with its own upstream ID ("" for none, or one past
+// maxTailID) and FieldsSum: an eviction on the producer's replica (a
+// client resuming where its call runs, the embedded store's only replica)
+// takes the tail from it instead of reading the events back.
+type tailRing struct {
+	ents  [buffer.TailKeep]tailEntry
+	n     int    // entries held, at most TailKeep
+	first uint64 // seq of the first event the writer added (0: none yet)
+}
+
+func (t *tailRing) add(seq uint64, id string, fields []byte) {
+	if t.first == 0 {
+		t.first = seq
+	}
+	if len(id) > maxTailID {
+		id = ""
+	}
+	e := tailEntry{Seq: seq, ID: id}
+	if id != "" {
+		e.Sum = buffer.FieldsSum(fields)
+	}
+	t.ents[seq%buffer.TailKeep] = e
+	t.n = min(t.n+1, buffer.TailKeep)
+}
+
+// span returns the entries with IDs of from..to, if the ring holds every
+// event of that range.
+func (t *tailRing) span(from, to uint64) ([]tailEntry, bool) {
+	if t.n == 0 || from < t.first {
+		return nil, false
+	}
+	out := []tailEntry{}
+	for seq := from; seq <= to; seq++ {
+		e := t.ents[seq%buffer.TailKeep]
+		if e.Seq != seq {
+			return nil, false // gone from the ring, or never added here
+		}
+		if e.ID != "" {
+			out = append(out, e)
+		}
+	}
+	return out, true
+}
+
+// localTail is the tail from..to as the writer of key on this replica
+// keeps it, if it does.
+func (st *Store) localTail(key string, from, to uint64) ([]tailEntry, bool) {
+	v, ok := st.byKey.Load(key)
+	if !ok {
+		return nil, false
+	}
+	w := v.(*stream).currentWriter()
+	if w == nil {
+		return nil, false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.tail.span(from, to)
+}
+
 // evictedTail is what an eviction to floor of a live request stream
 // keeps in its record: the events among the last buffer.TailKeep before
 // the subject's last message (last) that it purges. Only an eviction that
 // reaches that far pays for reading them: a client's resume that
 // acknowledges all it got, or a call quiet past the resume window.
-func (st *Store) evictedTail(ctx context.Context, subject string, rec *streamRecord, floor uint64, last *msgInfo) []tailEntry {
+func (st *Store) evictedTail(ctx context.Context, key, subject string, rec *streamRecord, floor uint64, last *msgInfo) []tailEntry {
 	head := max(rec.Head, last.last())
 	lo := max(rec.Floor, 1)
 	if head >= buffer.TailKeep {
@@ -264,6 +325,9 @@ func (st *Store) evictedTail(ctx context.Context, subject string, rec *streamRec
 	}
 	if floor == 0 || lo > floor-1 {
 		return nil
+	}
+	if tail, ok := st.localTail(key, lo, floor-1); ok {
+		return tail
 	}
 	tail, err := st.readTail(ctx, subject, lo, floor-1, rec.FloorMsg, last)
 	if err != nil {

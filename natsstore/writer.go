@@ -32,7 +32,8 @@ type writer struct {
 	st *Store
 
 	mu        sync.Mutex
-	head      uint64 // last seq assigned
+	tail      tailRing // the last events' upstream IDs and sums, for evictions here (tail.go)
+	head      uint64   // last seq assigned
 	headOff   int64  // framed bytes of the events up to head
 	stored    uint64 // last seq stored
 	storedOff int64
@@ -210,6 +211,7 @@ func (w *writer) addLocked(e buffer.Entry) uint64 {
 	b.upstream = w.upstream
 	b.ups = append(b.ups, w.upstream)
 	b.own = append(b.own, e.Upstream)
+	w.tail.add(seq, e.Upstream, fields)
 	w.head, w.headOff = seq, w.headOff+int64(n)
 	w.others.grown.Store(w.headOff)
 	w.st.unstored.Add(int64(n))
