@@ -34,8 +34,8 @@ type writer struct {
 	mu        sync.Mutex
 	tail      tailRing // the last events' upstream IDs and sums, for evictions here (tail.go)
 	head      uint64   // last seq assigned
-	headOff   int64  // framed bytes of the events up to head
-	stored    uint64 // last seq stored
+	headOff   int64    // framed bytes of the events up to head
+	stored    uint64   // last seq stored
 	storedOff int64
 	lastMsg   uint64 // stream sequence of the subject's last message
 	open      batch  // filling while a publish is in flight
