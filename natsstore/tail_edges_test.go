@@ -19,8 +19,8 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// r24Tail is str's UpstreamTail(n).
-func r24Tail(t *testing.T, str buffer.Stream, n int) []buffer.TailEvent {
+// edgeTail is str's UpstreamTail(n).
+func edgeTail(t *testing.T, str buffer.Stream, n int) []buffer.TailEvent {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -31,8 +31,8 @@ func r24Tail(t *testing.T, str buffer.Stream, n int) []buffer.TailEvent {
 	return got
 }
 
-// r24Want is the tail events of entries (seq 1 on), those among the last n.
-func r24Want(entries []buffer.Entry, n int) []buffer.TailEvent {
+// edgeWant is the tail events of entries (seq 1 on), those among the last n.
+func edgeWant(entries []buffer.Entry, n int) []buffer.TailEvent {
 	var want []buffer.TailEvent
 	for i, e := range entries {
 		if seq := uint64(i + 1); e.Upstream != "" && seq+uint64(n) > uint64(len(entries)) {
@@ -42,9 +42,9 @@ func r24Want(entries []buffer.Entry, n int) []buffer.TailEvent {
 	return want
 }
 
-// r24Ack resumes str acknowledging all but the last keep of its n events,
+// edgeAck resumes str acknowledging all but the last keep of its n events,
 // and waits until they are evicted.
-func r24Ack(t *testing.T, str buffer.Stream, n, keep int) buffer.Reader {
+func edgeAck(t *testing.T, str buffer.Stream, n, keep int) buffer.Reader {
 	t.Helper()
 	from := uint64(n - keep + 1)
 	_, rd, err := str.Resume(from-1, func(policy.StreamView) policy.Resume {
@@ -62,7 +62,7 @@ func r24Ack(t *testing.T, str buffer.Stream, n, keep int) buffer.Reader {
 // proxy's parser keeps an ID's bytes as they came): Mcpr-Ids keeps them,
 // and so must the record's tail once they are evicted, or the replay's
 // repeat of such an event reaches the client twice after a takeover.
-func TestReview24TailKeepsNonUTF8IDsPastEviction(t *testing.T) {
+func TestTailEdgeTailKeepsNonUTF8IDsPastEviction(t *testing.T) {
 	st, other := replicas(t)
 	s, _ := st.CreateSession("s", buffer.SessionMeta{})
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
@@ -76,18 +76,18 @@ func TestReview24TailKeepsNonUTF8IDsPastEviction(t *testing.T) {
 		all = append(all, e)
 	}
 	str.(*stream).currentWriter().waitStored(10 * time.Second)
-	if got, want := r24Tail(t, str, 16), r24Want(all, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, str, 16), edgeWant(all, 16); !slices.Equal(got, want) {
 		t.Fatalf("stored: %+v, want %+v", got, want)
 	}
-	r24Ack(t, str, len(all), 1)
+	edgeAck(t, str, len(all), 1)
 	// Read on the replica that would take the call over, which decoded
 	// the record from what was stored.
 	so, _ := sessionOn(t, other, "s").Stream(1)
 	waitUntil(t, "the other replica to see the floor move", 10*time.Second, func() bool { return so.View().Floor == uint64(len(all)) })
-	if got, want := r24Tail(t, so, 16), r24Want(all, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, so, 16), edgeWant(all, 16); !slices.Equal(got, want) {
 		t.Fatalf("evicted, read on another replica: %q, want %q", ids(got), ids(want))
 	}
-	if got, want := r24Tail(t, str, 16), r24Want(all, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, str, 16), edgeWant(all, 16); !slices.Equal(got, want) {
 		t.Fatalf("evicted: %q, want %q", ids(got), ids(want))
 	}
 }
@@ -104,7 +104,7 @@ func ids(es []buffer.TailEvent) []string {
 // acknowledged in three resumes (one far from the head, one into the last
 // 16, one of all but the last), then 5 more appended: the last 16 come
 // back, each once, in order, whatever was evicted when.
-func TestReview24TailAcrossStepwiseEvictions(t *testing.T) {
+func TestTailEdgeTailAcrossStepwiseEvictions(t *testing.T) {
 	st := openEmbedded(t, testLimits())
 	s, _ := st.CreateSession("s", buffer.SessionMeta{})
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
@@ -127,15 +127,15 @@ func TestReview24TailAcrossStepwiseEvictions(t *testing.T) {
 	}
 	add(1, 40)
 	for _, keep := range []int{30, 10, 1} {
-		r24Ack(t, str, 40, keep).Close()
+		edgeAck(t, str, 40, keep).Close()
 		for _, n := range []int{1, 16} {
-			if got, want := r24Tail(t, str, n), r24Want(all, n); !slices.Equal(got, want) {
+			if got, want := edgeTail(t, str, n), edgeWant(all, n); !slices.Equal(got, want) {
 				t.Fatalf("after acknowledging all but %d, tail(%d) = %v, want %v", keep, n, ids(got), ids(want))
 			}
 		}
 	}
 	add(41, 45)
-	if got, want := r24Tail(t, str, 16), r24Want(all, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, str, 16), edgeWant(all, 16); !slices.Equal(got, want) {
 		t.Fatalf("after 5 more, tail = %v, want %v", ids(got), ids(want))
 	}
 	rec, _, _ := st.streams.get(str.(*stream).key)
@@ -150,7 +150,7 @@ func TestReview24TailAcrossStepwiseEvictions(t *testing.T) {
 // fence), stores 5..8 under its IDs (one batch of two, a note after one),
 // its client acknowledges 1..7, and B dies; C takes over: its tail is
 // A's and B's events, each under its own ID, across the two fences.
-func TestReview24TailOfATakeoverOfATakeover(t *testing.T) {
+func TestTailEdgeTailOfATakeoverOfATakeover(t *testing.T) {
 	urls := []string{testnet.NATS(t).ClientURL()}
 	mod := func(o *Options) { o.LeaseTTL = time.Second; o.TakeoverWait = time.Hour }
 	a, b, c := openAt(t, urls, mod), openAt(t, urls, mod), openAt(t, urls, mod)
@@ -199,10 +199,10 @@ func TestReview24TailOfATakeoverOfATakeover(t *testing.T) {
 	}
 	all = append(all, es...)
 	stB.(*stream).currentWriter().waitStored(10 * time.Second)
-	if got, want := r24Tail(t, stB, 16), r24Want(all, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, stB, 16), edgeWant(all, 16); !slices.Equal(got, want) {
 		t.Fatalf("B's tail: %v, want %v", ids(got), ids(want))
 	}
-	r24Ack(t, stB, 8, 1).Close()
+	edgeAck(t, stB, 8, 1).Close()
 	crash(b)
 
 	sc := sessionOn(t, c, "sess")
@@ -219,7 +219,7 @@ func TestReview24TailOfATakeoverOfATakeover(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if got, want := r24Tail(t, stC, 16), r24Want(all, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, stC, 16), edgeWant(all, 16); !slices.Equal(got, want) {
 		t.Fatalf("C's tail: %v, want %v", ids(got), ids(want))
 	}
 	if got := stC.UpstreamCursor(); got != "b-8" {
@@ -231,7 +231,7 @@ func TestReview24TailOfATakeoverOfATakeover(t *testing.T) {
 // every replica's mirror holds it, for the call's life: its size with the
 // longest IDs Mcpr-Ids records (maxTailID bytes of what JSON escapes six
 // times over) stays small.
-func TestReview24TailRecordSize(t *testing.T) {
+func TestTailEdgeTailRecordSize(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		id   func(i int) string
@@ -240,11 +240,11 @@ func TestReview24TailRecordSize(t *testing.T) {
 		{"SDK-like IDs", func(i int) string { return fmt.Sprintf("0_%d", i) }, 3 << 9},
 		{"the longest IDs, escaped", func(i int) string { return strings.Repeat("\x01", maxTailID-3) + fmt.Sprintf("%03d", i) }, 16 << 10},
 	} {
-		t.Run(tc.name, func(t *testing.T) { r24RecordSize(t, tc.id, tc.max) })
+		t.Run(tc.name, func(t *testing.T) { edgeRecordSize(t, tc.id, tc.max) })
 	}
 }
 
-func r24RecordSize(t *testing.T, id func(int) string, limit int) {
+func edgeRecordSize(t *testing.T, id func(int) string, limit int) {
 	st := openEmbedded(t, testLimits())
 	s, _ := st.CreateSession("s", buffer.SessionMeta{})
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
@@ -263,10 +263,10 @@ func r24RecordSize(t *testing.T, id func(int) string, limit int) {
 	}
 	str.(*stream).currentWriter().waitStored(10 * time.Second)
 	before := size()
-	r24Ack(t, str, 20, 1)
+	edgeAck(t, str, 20, 1)
 	after := size()
 	t.Logf("the stream record: %d bytes before, %d with a tail of %d events of %d-byte IDs", before, after, buffer.TailKeep-1, len(id(1)))
-	if got, want := r24Tail(t, str, 16), r24Want(es, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, str, 16), edgeWant(es, 16); !slices.Equal(got, want) {
 		t.Fatalf("tail: %d events, want %d", len(got), len(want))
 	}
 	if after > limit {
@@ -277,7 +277,7 @@ func r24RecordSize(t *testing.T, id func(int) string, limit int) {
 // What a resume that acknowledges all a live call's client got (40
 // events, one message each) costs the evicting replica, counted on the
 // wire: logged for comparison with the commit before the tail.
-func TestReview24WhatAnEvictionAtTheHeadCosts(t *testing.T) {
+func TestTailEdgeWhatAnEvictionAtTheHeadCosts(t *testing.T) {
 	st := openEmbedded(t, testLimits())
 	w := newWiretap(t, st)
 	s, _ := st.CreateSession("s", buffer.SessionMeta{})
@@ -288,7 +288,7 @@ func TestReview24WhatAnEvictionAtTheHeadCosts(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 	w.since()
-	r24Ack(t, str, 40, 1).Close()
+	edgeAck(t, str, 40, 1).Close()
 	c := w.since()
 	t.Logf("a resume acknowledging 39 of 40 events: %s", describe(c, 1))
 	// 14 gets on the commit before the tail (d8334c9^), 49 with it read
@@ -302,14 +302,14 @@ func TestReview24WhatAnEvictionAtTheHeadCosts(t *testing.T) {
 
 // How many writes of a live call's record carry the tail once a resume
 // evicted at the head: 20 more events relayed to the client, one at a time.
-func TestReview24RecordWritesAfterATail(t *testing.T) {
+func TestTailEdgeRecordWritesAfterATail(t *testing.T) {
 	st := openEmbedded(t, testLimits())
 	w := newWiretap(t, st)
 	s, _ := st.CreateSession("s", buffer.SessionMeta{})
 	str, _ := s.NewStream([]string{"1"}, [32]byte{1})
 	claim(t, str)
 	produceWithCursor(t, str, 1, 20)
-	rd := r24Ack(t, str, 20, 1)
+	rd := edgeAck(t, str, 20, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if _, err := rd.Read(ctx, nil, 1<<20, time.Hour); err != nil {
@@ -336,7 +336,7 @@ func TestReview24RecordWritesAfterATail(t *testing.T) {
 // calls evict): with the tail, an eviction at the head of a live call
 // first reads back its last events, large ones whole. Timed: 7 events of
 // 2 MiB (in parts), the client acknowledging all but the last.
-func TestReview24ResumeLatencyWithLargeEventsAtTheHead(t *testing.T) {
+func TestTailEdgeResumeLatencyWithLargeEventsAtTheHead(t *testing.T) {
 	st := openEmbedded(t, testLimits())
 	w := newWiretap(t, st)
 	s, _ := st.CreateSession("s", buffer.SessionMeta{})
@@ -373,7 +373,7 @@ func TestReview24ResumeLatencyWithLargeEventsAtTheHead(t *testing.T) {
 // event 4 again whole (in parts) and 5; its client acknowledges 1..4 (the
 // eviction reads the torn part, B's fence and B's parts) and B dies; C's
 // tail: 1..5, event 4 with the sum of what B stored, once.
-func TestReview24TailAcrossATornEventAndTwoTakeovers(t *testing.T) {
+func TestTailEdgeTailAcrossATornEventAndTwoTakeovers(t *testing.T) {
 	url := testnet.StockNATS(t).ClientURL()
 	mod := func(o *Options) { o.LeaseTTL = time.Second; o.TakeoverWait = time.Hour }
 	a, b, c := openAt(t, []string{url}, mod), openAt(t, []string{url}, mod), openAt(t, []string{url}, mod)
@@ -415,15 +415,15 @@ func TestReview24TailAcrossATornEventAndTwoTakeovers(t *testing.T) {
 	}
 	all = append(all, es...)
 	stB.(*stream).currentWriter().waitStored(10 * time.Second)
-	if got, want := r24Tail(t, stB, 16), r24Want(all, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, stB, 16), edgeWant(all, 16); !slices.Equal(got, want) {
 		t.Fatalf("B's tail: %v, want %v", got, want)
 	}
-	r24Ack(t, stB, 5, 1).Close()
+	edgeAck(t, stB, 5, 1).Close()
 	crash(b)
 	sc := sessionOn(t, c, "sess")
 	stC, _ := sc.Stream(1)
 	takeOver(stC)
-	if got, want := r24Tail(t, stC, 16), r24Want(all, 16); !slices.Equal(got, want) {
+	if got, want := edgeTail(t, stC, 16), edgeWant(all, 16); !slices.Equal(got, want) {
 		t.Fatalf("C's tail: %v, want %v", got, want)
 	}
 }
@@ -433,7 +433,7 @@ func TestReview24TailAcrossATornEventAndTwoTakeovers(t *testing.T) {
 // knows the events of one-event messages by their cursor, and takes a
 // batch's events for ones without an ID (their repeats get through, as
 // before), never for another event's ID.
-func TestReview24TailOfMessagesStoredBeforeMcprIds(t *testing.T) {
+func TestTailEdgeTailOfMessagesStoredBeforeMcprIds(t *testing.T) {
 	urls := []string{testnet.NATS(t).ClientURL()}
 	mod := func(o *Options) { o.LeaseTTL = time.Second; o.TakeoverWait = time.Hour }
 	a, b := openAt(t, urls, mod), openAt(t, urls, mod)
@@ -462,7 +462,7 @@ func TestReview24TailOfMessagesStoredBeforeMcprIds(t *testing.T) {
 	crash(a)
 	_, stB, rb := caughtUpOn(t, b, 5)
 	rb.Close()
-	got := r24Tail(t, stB, 16)
+	got := edgeTail(t, stB, 16)
 	var want []buffer.TailEvent
 	for seq := uint64(1); seq <= 3; seq++ {
 		want = append(want, buffer.TailEvent{Seq: seq, ID: fmt.Sprintf("up-%d", seq), Sum: buffer.FieldsSum([]byte(fmt.Sprintf("data: event %d\n", seq)))})
@@ -476,7 +476,7 @@ func TestReview24TailOfMessagesStoredBeforeMcprIds(t *testing.T) {
 // window of 300 ms) relayed to its attached client: the sweeper evicts
 // what was delivered past the window, always among the last 16, so every
 // such eviction reads back what it purges. Counted for 20 events.
-func TestReview24SlowLiveCallEvictionCost(t *testing.T) {
+func TestTailEdgeSlowLiveCallEvictionCost(t *testing.T) {
 	lim := testLimits()
 	lim.ResumeWindow = 300 * time.Millisecond
 	st := openEmbedded(t, lim)

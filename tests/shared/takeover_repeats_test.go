@@ -22,7 +22,7 @@ import (
 // resends two before the cursor, dropped), its client reads some and goes,
 // B dies too, C takes over from B's cursor (the replay resends two again,
 // of events B stored): every progress notification once, in order.
-func TestReview24TakeoverOfATakeoverDropsTheReplaysRepeats(t *testing.T) {
+func TestRepeatsTakeoverOfATakeoverDropsTheReplaysRepeats(t *testing.T) {
 	t.Parallel()
 	ns := testnet.NATS(t)
 	d := upstreamBehind(t, resendsBefore(2))
@@ -98,7 +98,7 @@ func (w *idRewriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // replay's repeats (eight before the cursor) of events the client acknowledged on the producer's
 // replica (evicted there, kept in the record's tail, read on the replica
 // that takes over) are dropped.
-func TestReview24TakeoverDropsRepeatsOfOddIDs(t *testing.T) {
+func TestRepeatsTakeoverDropsRepeatsOfOddIDs(t *testing.T) {
 	t.Parallel()
 	takeoverWithOddIDs(t, ",%2C%")
 }
@@ -107,8 +107,8 @@ func TestReview24TakeoverDropsRepeatsOfOddIDs(t *testing.T) {
 // it came): the events acknowledged on A come back to B's filter from the
 // record's JSON with U+FFFD in place of those bytes, match nothing, and
 // the replay's repeats of them reach the client twice (the natsstore
-// unit: TestReview24TailKeepsNonUTF8IDsPastEviction).
-func TestReview24TakeoverDropsRepeatsOfNonUTF8IDs(t *testing.T) {
+// unit: TestRepeatsTailKeepsNonUTF8IDsPastEviction).
+func TestRepeatsTakeoverDropsRepeatsOfNonUTF8IDs(t *testing.T) {
 	t.Parallel()
 	takeoverWithOddIDs(t, "\xff\xfe")
 }
@@ -142,7 +142,7 @@ func takeoverWithOddIDs(t *testing.T, suffix string) {
 // and this upstream's replay resends the event at the cursor and one
 // before it, as the request stream's takeover above is given: every
 // notice once, in order.
-func TestReview24StandaloneMoveDropsTheReplaysRepeats(t *testing.T) {
+func TestRepeatsStandaloneMoveDropsTheReplaysRepeats(t *testing.T) {
 	t.Parallel()
 	ns := testnet.NATS(t)
 	var seen []string
@@ -214,7 +214,7 @@ func resendsBeforeAny(k int) func(http.Handler) http.Handler {
 // filter knows (README: "what the upstream's replay resends of the
 // stream's last 16 events ... is dropped"): the older ones get through,
 // at most 4 of them, nothing of the last 16, and the call ends.
-func TestReview24ReplayBeyondTheTailRepeatsOnlyWhatIsOlder(t *testing.T) {
+func TestRepeatsReplayBeyondTheTailRepeatsOnlyWhatIsOlder(t *testing.T) {
 	t.Parallel()
 	ns := testnet.NATS(t)
 	d := upstreamBehind(t, resendsBefore(20))
