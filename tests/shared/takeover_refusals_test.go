@@ -80,6 +80,39 @@ func readPart(resp *http.Response, timeout time.Duration) []mcptest.Event {
 	return evs
 }
 
+// resumeLikeAnSDK resumes request 2 of c from last as an SDK client does,
+// until the call ends (its result or an error) or for d: a cut stream is
+// resumed from the last ID it brought, a 401 makes it call refresh (if
+// set) first, every other status is retried after pause. It returns what
+// each resume read, the resumes' statuses, and whether the call ended.
+func resumeLikeAnSDK(t *testing.T, c *mcptest.Client, last string, refresh func(), d, pause time.Duration) (parts [][]mcptest.Event, statuses []int, ended bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(pause) {
+		resp, err := c.Resume(t.Context(), last)
+		if err != nil {
+			t.Fatal(err)
+		}
+		statuses = append(statuses, resp.StatusCode)
+		switch {
+		case resp.StatusCode == http.StatusOK:
+			evs := readPart(resp, 5*time.Second)
+			parts = append(parts, evs)
+			if _, result, errs := callEvents(t, evs, "2"); result != "" || len(errs) > 0 {
+				return parts, statuses, true
+			}
+			if len(evs) > 0 {
+				last = lastID(evs)
+			}
+		case resp.StatusCode == http.StatusUnauthorized && refresh != nil:
+			resp.Body.Close()
+			refresh()
+		default:
+			resp.Body.Close()
+		}
+	}
+	return parts, statuses, false
+}
+
 // The upstream refuses the takeover's GET (401) but accepts a ping with
 // the same, valid token: it is the resume, not the credential, it
 // refuses. The call must fail explicitly (gap and -32010) at once, and the
@@ -129,23 +162,12 @@ func TestRefusedNeverRefreshedEndsAtTakeoverWait(t *testing.T) {
 	viaA, first := bearerCallThenKill(t, a, iss, 3*time.Second, 100)
 	time.Sleep(5 * time.Second) // the token expired; the lease lapsed
 	viaB := clientOn(viaA, b)
+	parts, statuses, _ := resumeLikeAnSDK(t, viaB, lastID(first), nil, 9*time.Second, 300*time.Millisecond)
 	last := lastID(first)
-	var statuses []int
-	deadline := time.Now().Add(9 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := viaB.Resume(t.Context(), last)
-		if err != nil {
-			t.Fatal(err)
+	for _, evs := range parts {
+		if len(evs) > 0 {
+			last = lastID(evs)
 		}
-		statuses = append(statuses, resp.StatusCode)
-		if resp.StatusCode == http.StatusOK {
-			if evs := readPart(resp, 5*time.Second); len(evs) > 0 {
-				last = lastID(evs)
-			}
-		} else {
-			resp.Body.Close()
-		}
-		time.Sleep(300 * time.Millisecond)
 	}
 	t.Logf("resumes with the expired token answered %v; upstream resume GETs %d, pings %d", statuses, g.resumeGETs.Load(), g.pings.Load())
 	if n := g.resumeGETs.Load(); n > 2 {
@@ -233,32 +255,11 @@ func TestRefusedRebindOffStillEndsTheCallExplicitly(t *testing.T) {
 	viaA, first := bearerCallThenKill(t, a, iss, 3*time.Second, 100)
 	time.Sleep(5 * time.Second)
 	viaB := clientOn(viaA, b)
-	last := lastID(first)
-	var statuses []int
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := viaB.Resume(t.Context(), last)
-		if err != nil {
-			t.Fatal(err)
-		}
-		statuses = append(statuses, resp.StatusCode)
-		switch resp.StatusCode {
-		case http.StatusOK:
-			evs := readPart(resp, 5*time.Second)
-			if _, result, errs := callEvents(t, evs, "2"); result != "" || len(errs) > 0 {
-				t.Logf("statuses %v; the call ended: result %q, errors %q", statuses, result, errs)
-				return
-			}
-			if len(evs) > 0 {
-				last = lastID(evs)
-			}
-		case http.StatusUnauthorized:
-			resp.Body.Close()
-			viaB.Header = bearer(iss.Mint("alice", time.Minute))
-		default:
-			resp.Body.Close()
-		}
-		time.Sleep(500 * time.Millisecond)
+	refresh := func() { viaB.Header = bearer(iss.Mint("alice", time.Minute)) }
+	_, statuses, ended := resumeLikeAnSDK(t, viaB, lastID(first), refresh, 15*time.Second, 500*time.Millisecond)
+	if ended {
+		t.Logf("statuses %v; the call ended", statuses)
+		return
 	}
 	t.Fatalf("rebind off: the client never read the call's end; resumes answered %v", statuses)
 }
@@ -514,28 +515,10 @@ func TestRefusedUpstream403ToEverythingStillEndsTheCall(t *testing.T) {
 	g.denyAll.Store(true)
 	time.Sleep(3 * time.Second)
 	viaB := clientOn(viaA, b)
-	last := lastID(first)
-	var statuses []int
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := viaB.Resume(t.Context(), last)
-		if err != nil {
-			t.Fatal(err)
-		}
-		statuses = append(statuses, resp.StatusCode)
-		if resp.StatusCode == http.StatusOK {
-			evs := readPart(resp, 5*time.Second)
-			if _, result, errs := callEvents(t, evs, "2"); result != "" || len(errs) > 0 {
-				t.Logf("statuses %v; the call ended: result %q, errors %q", statuses, result, errs)
-				return
-			}
-			if len(evs) > 0 {
-				last = lastID(evs)
-			}
-		} else {
-			resp.Body.Close()
-		}
-		time.Sleep(500 * time.Millisecond)
+	_, statuses, ended := resumeLikeAnSDK(t, viaB, lastID(first), nil, 15*time.Second, 500*time.Millisecond)
+	if ended {
+		t.Logf("statuses %v; the call ended", statuses)
+		return
 	}
 	t.Fatalf("403 to everything: the client never read the call's end; resumes answered %v", statuses)
 }

@@ -105,7 +105,7 @@ func resendsBefore(k int) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if id := r.Header.Get("Last-Event-ID"); r.Method == http.MethodGet && id != "" {
-				if i := strings.LastIndexByte(id, '_'); i > 0 {
+				if i := strings.LastIndexByte(id, '_'); i >= 0 { // the standalone stream's are "_<n>"
 					var n int
 					if _, err := fmt.Sscan(id[i+1:], &n); err == nil {
 						r.Header.Set("Last-Event-ID", fmt.Sprintf("%s_%d", id[:i], max(n-k, 0)))
