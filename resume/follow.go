@@ -452,7 +452,7 @@ func (t *upstreamTap) seedRecent(stream buffer.Stream) {
 		seeds = append(seeds, taken{id: e.ID, sum: e.Sum, conn: 0, stored: true})
 	})
 	if err != nil {
-		t.h.logger.Warn("takeover: the stored events before the cursor could not be read; the upstream's replay may repeat some",
+		t.h.logger.Warn("the stored events before the upstream cursor could not be read; the upstream's replay may repeat some",
 			zap.String("session", t.sess.ID()), zap.Uint32("stream", t.stream.Num()), zap.Error(err))
 		return
 	}
