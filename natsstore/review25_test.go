@@ -239,3 +239,94 @@ func TestReview25TallyAcrossReplicas(t *testing.T) {
 		t.Errorf("tally %+v, want 4 sessions in all", want)
 	}
 }
+
+// review25: a producer whose lease lapsed while it lived (cut off a
+// moment) ends its stream complete while a sweeper elsewhere, holding the
+// lapsed lease, is between its read of the record (live) and its failure
+// signals. With no end marker stored by the producer (no reader attached)
+// nothing fences the sweeper's signals: it stores them past the completed
+// head, counts the stream failed and calls StreamFailed for a stream whose
+// record says complete. The marker (expecting the producer's last event)
+// fenced this before dfdaa2e.
+func TestReview25SweeperNotFencedByACompletionWithoutMarker(t *testing.T) {
+	t.Skip("review25: with no end marker (dfdaa2e) nothing fences a sweeper that read the record live before a cut-off producer completed: its failure signals land past the completed head, AddFailed and StreamFailed fire for a stream recorded complete")
+	urls := []string{testnet.NATS(t).ClientURL()}
+	a := openAt(t, urls)
+	gate, release := make(chan struct{}), make(chan struct{})
+	var failedHook int
+	b := openAt(t, urls, func(o *Options) {
+		o.SweepInterval = time.Hour // the sweep is run by hand
+		o.FailureSignals = func(reason policy.Reason, last string, pending []string) []buffer.Signal {
+			close(gate)
+			<-release
+			return defaultFailureSignals(reason, last, pending)
+		}
+		o.Hooks.StreamFailed = func(string, uint32, policy.Reason) { failedHook++ }
+	})
+	sa, err := a.CreateSession("cut", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := claim(t, str)
+	appendEvents(t, str, 1, 2)
+	key := streamKey(sa.(*session).sh, sa.(*session).epoch, 1)
+	sessionOn(t, b, "cut")
+	waitUntil(t, "B to see the stream", 10*time.Second, func() bool { _, _, ok := b.streams.get(key); return ok })
+	// The lease lapses (as a TTL expiry would) while A lives.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := a.leases.kv.Purge(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "B to see the lease go", 10*time.Second, func() bool { _, _, ok := b.leases.get(key); return !ok })
+	done := make(chan struct{})
+	go func() { defer close(done); b.failOrphan(key) }()
+	select {
+	case <-gate:
+	case <-done:
+		t.Skip("the sweeper did not get past its record check")
+	}
+	str.Complete()
+	p.Done()
+	close(release)
+	<-done
+	rec, _, err := b.streams.fetch(ctx, key)
+	_ = rec
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, _ := b.streams.get(key)
+	m, err := b.lastMsg(ctx, b.names.subject(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("record %v head %d; last stored message ends %v at %d; StreamFailed calls %d",
+		r.State, r.Head, m.end, m.last(), failedHook)
+	if sb, ok := b.Session("cut"); ok {
+		if strB, ok := sb.Stream(1); ok {
+			if rd, err := strB.Attach(1); err == nil {
+				rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+				var last uint64
+				var rerr error
+				for rerr == nil {
+					var batch buffer.Batch
+					batch, rerr = rd.Read(rctx, nil, 1<<20, time.Hour)
+					if len(batch.Data) > 0 {
+						last = batch.Last
+					}
+				}
+				rcancel()
+				rd.Close()
+				t.Logf("a reader on B from 1: last event %d, then %v; view %+v", last, rerr, strB.View())
+			}
+		}
+	}
+	if r.State == policy.Complete && (m.last() != r.Head || failedHook != 0) {
+		t.Errorf("a completed stream (head %d) got the sweeper's failure after it: stored up to %d, ending %v, StreamFailed called %d times",
+			r.Head, m.last(), m.end, failedHook)
+	}
+}
