@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -329,4 +330,49 @@ func TestReview25SweeperNotFencedByACompletionWithoutMarker(t *testing.T) {
 		t.Errorf("a completed stream (head %d) got the sweeper's failure after it: stored up to %d, ending %v, StreamFailed called %d times",
 			r.Head, m.last(), m.end, failedHook)
 	}
+}
+
+// review25: after NATS came back without its data, the tally forgets the
+// lost sessions on both replicas, counts the new ones, and a session
+// deleted then (a purge with a marker TTL, on the recreated buckets) goes
+// from both tallies.
+func TestReview25TallyAfterNATSLostItsData(t *testing.T) {
+	srv, err := testnet.StartNATS(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testnet.ShutdownNATS(srv) })
+	url, port := srv.ClientURL(), srv.Addr().(*net.TCPAddr).Port
+	a, b := openAt(t, []string{url}), openAt(t, []string{url})
+	for i := 0; i < 3; i++ {
+		if _, err := a.CreateSession(fmt.Sprintf("lost%d", i), buffer.SessionMeta{Origin: policy.SessionOrigin(i % 3)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sessionOn(t, b, "lost2")
+	testnet.ShutdownNATS(srv)
+	srv, err = testnet.StartNATS(t.TempDir(), port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range []*Store{a, b} {
+		waitUntil(t, "the store to be available again", 30*time.Second, func() bool { return st.Available() == nil })
+		waitUntil(t, "the lost sessions to be forgotten", 10*time.Second, func() bool { _, ok := st.Session("lost2"); return !ok })
+	}
+	if _, err := b.CreateSession("after1", buffer.SessionMeta{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.CreateSession("after2", buffer.SessionMeta{}); err != nil {
+		t.Fatal(err)
+	}
+	sessionOn(t, a, "after2")
+	if !a.Delete("after1", policy.ReasonDeleted) {
+		t.Fatal("Delete after the loss")
+	}
+	waitUntil(t, "both to count one session", 10*time.Second, func() bool {
+		ca, cb := a.tally.counts(), b.tally.counts()
+		return ca.Sessions+ca.Adopted+ca.Untapped == 1 && cb.Sessions+cb.Adopted+cb.Untapped == 1
+	})
+	checkIndex(t, a)
+	checkIndex(t, b)
 }
