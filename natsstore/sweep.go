@@ -266,9 +266,16 @@ func (st *Store) failOrphan(key string) {
 		head, off = b.last(), off+int64(len(b.buf))
 		st.counters.EventsEnqueued.Add(uint64(len(b.lens)))
 	}
-	// Counted before the record says so: whoever reads the end sees it.
-	st.counters.AddFailed(policy.ReasonUpstreamFailed)
-	st.recordEnd(key, policy.Failed, policy.ReasonUpstreamFailed, head, off, expect, answered)
+	// The record is the fence: a producer that ended the stream meanwhile
+	// (its lease lapsed in a pause, and it stored no end marker) wins, and
+	// then nothing here counts, marks or reports a failure (what this
+	// stored past the record's head no reader reads). Counted as the
+	// write succeeds, before the record says so: whoever reads the end
+	// sees it.
+	counted := func(*streamRecord) { st.counters.AddFailed(policy.ReasonUpstreamFailed) }
+	if !st.endRecord(key, "", policy.Failed, policy.ReasonUpstreamFailed, head, off, expect, answered, counted) {
+		return
+	}
 	st.publishAfter(endMarker(subject, head, off, policy.Failed, policy.ReasonUpstreamFailed, ""), key+".end", expect, noAbort, nil)
 	if h := st.opts.Hooks.StreamFailed; h != nil {
 		sh, _, _ := strings.Cut(inc, ".")
@@ -282,11 +289,20 @@ func (st *Store) failOrphan(key string) {
 // also, if given, changes the record with the end (in the same write).
 func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64,
 	answers map[string]uint64, also ...func(*streamRecord)) (ended bool) {
+	return st.endRecord(key, "", state, reason, head, off, msg, answers, nil, also...)
+}
+
+// endRecord is recordEnd, by producer owner if not "" (the record must
+// not name another replica its producer: one that took the stream over),
+// with done run once the write succeeded, before this replica shows it.
+// It reports whether this write ended the record.
+func (st *Store) endRecord(key, owner string, state policy.StreamState, reason policy.Reason, head uint64, off int64, msg uint64,
+	answers map[string]uint64, done func(*streamRecord), also ...func(*streamRecord)) (ended bool) {
 	ctx, cancel := st.opCtx()
 	defer cancel()
-	_, err := st.streams.update(ctx, key, func(r *streamRecord) error {
+	_, err := st.streams.updateThen(ctx, key, func(r *streamRecord) error {
 		ended = false
-		if r.State != policy.Live {
+		if r.State != policy.Live || owner != "" && r.Producer != "" && r.Producer != owner {
 			return errUnchanged
 		}
 		ended = true
@@ -301,7 +317,7 @@ func (st *Store) recordEnd(key string, state policy.StreamState, reason policy.R
 			}
 		}
 		return nil
-	})
+	}, done)
 	if err != nil {
 		ended = false
 		if !errors.Is(err, errNotFound) {

@@ -557,7 +557,9 @@ func (w *writer) recordEnd(state policy.StreamState, reason policy.Reason, head 
 		answers[id] = seq
 	}
 	w.mu.Unlock()
-	return w.st.recordEnd(w.s.key, state, reason, head, off, msg, answers, also...)
+	// Only while the record names this replica (or no one) the producer:
+	// one whose lease lapsed unseen must not end a stream taken over.
+	return w.st.endRecord(w.s.key, w.st.opts.ReplicaID, state, reason, head, off, msg, answers, nil, also...)
 }
 
 // signal appends the standalone stream's failure signals; it goes on.

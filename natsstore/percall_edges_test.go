@@ -20,7 +20,7 @@ import (
 // (no end marker stored); a client resuming on B from the first event
 // gets both events and then the end; one resuming from what was delivered
 // gets the end at once; the sweeper on B, run by hand, leaves it complete.
-func TestReview25LateReaderElsewhereSeesAnEndWithoutMarker(t *testing.T) {
+func TestPerCallEdgeLateReaderElsewhereSeesAnEndWithoutMarker(t *testing.T) {
 	a, b := replicas(t)
 	sa, err := a.CreateSession("s25", buffer.SessionMeta{})
 	if err != nil {
@@ -82,7 +82,7 @@ func TestReview25LateReaderElsewhereSeesAnEndWithoutMarker(t *testing.T) {
 
 // review25: kvPurge and kvCreateTTL against nats.go's Purge and Create on
 // the same bucket: the same stored headers, the same refusals.
-func TestReview25FastPublishMatchesNatsGo(t *testing.T) {
+func TestPerCallEdgeFastPublishMatchesNatsGo(t *testing.T) {
 	st := openEmbedded(t, testLimits())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -162,12 +162,12 @@ func TestReview25FastPublishMatchesNatsGo(t *testing.T) {
 	})
 }
 
-// review25: a zone's record buckets made by an earlier version (no
-// per-message TTLs) are updated in place when a replica of this version
-// opens the zone; and a replica of the earlier version (which asks for no
-// TTLs) can still open the zone after.
-func TestReview25RecordBucketsUpgradeAndDowngrade(t *testing.T) {
-	t.Skip("review25: a replica of the earlier version cannot open a zone once this version has: its CreateOrUpdateKeyValue (no LimitMarkerTTL) on the sessions/streams/tombstones buckets is refused with 10052 'message TTL status can not be disabled' (code 500, not transient): a rollback or mixed-version restart fails Open")
+// A zone's record buckets made by an earlier version (no per-message
+// TTLs) are updated in place when a replica of this version opens the
+// zone. JetStream never turns per-message TTLs off again, so a replica of
+// an earlier version cannot open the zone after (README, "Upgrading"):
+// pinned, so that a change of JetStream's rule is noticed.
+func TestRecordBucketsUpgradeInPlace(t *testing.T) {
 	srv := testnet.NATS(t)
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
@@ -186,20 +186,15 @@ func TestReview25RecordBucketsUpgradeAndDowngrade(t *testing.T) {
 		t.Fatalf("upgrade (TTLs on an existing bucket): %v", err)
 	}
 	cfg.LimitMarkerTTL = 0
-	if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
-		t.Errorf("an earlier version's provisioning on the upgraded bucket: %v", err)
-	}
-	info, err := js.Stream(ctx, "KV_r25")
-	if err == nil {
-		c := info.CachedInfo().Config
-		t.Logf("after the earlier version's update: AllowMsgTTL %v, SubjectDeleteMarkerTTL %v", c.AllowMsgTTL, c.SubjectDeleteMarkerTTL)
+	if _, err := js.CreateOrUpdateKeyValue(ctx, cfg); err == nil {
+		t.Errorf("an earlier version's provisioning on the upgraded bucket passed: README's upgrade note is wrong now")
 	}
 }
 
 // review25: the tally of sessions by origin agrees with a walk on both
 // replicas through creation, adoption and its confirmation, deletion on
 // the other replica and expiry.
-func TestReview25TallyAcrossReplicas(t *testing.T) {
+func TestPerCallEdgeTallyAcrossReplicas(t *testing.T) {
 	a, b := replicas(t)
 	for i := 0; i < 6; i++ {
 		meta := buffer.SessionMeta{}
@@ -249,8 +244,7 @@ func TestReview25TallyAcrossReplicas(t *testing.T) {
 // head, counts the stream failed and calls StreamFailed for a stream whose
 // record says complete. The marker (expecting the producer's last event)
 // fenced this before dfdaa2e.
-func TestReview25SweeperNotFencedByACompletionWithoutMarker(t *testing.T) {
-	t.Skip("review25: with no end marker (dfdaa2e) nothing fences a sweeper that read the record live before a cut-off producer completed: its failure signals land past the completed head, AddFailed and StreamFailed fire for a stream recorded complete")
+func TestPerCallEdgeSweeperNotFencedByACompletionWithoutMarker(t *testing.T) {
 	urls := []string{testnet.NATS(t).ClientURL()}
 	a := openAt(t, urls)
 	gate, release := make(chan struct{}), make(chan struct{})
@@ -307,6 +301,7 @@ func TestReview25SweeperNotFencedByACompletionWithoutMarker(t *testing.T) {
 	}
 	t.Logf("record %v head %d; last stored message ends %v at %d; StreamFailed calls %d",
 		r.State, r.Head, m.end, m.last(), failedHook)
+	var readTo uint64
 	if sb, ok := b.Session("cut"); ok {
 		if strB, ok := sb.Stream(1); ok {
 			if rd, err := strB.Attach(1); err == nil {
@@ -322,13 +317,17 @@ func TestReview25SweeperNotFencedByACompletionWithoutMarker(t *testing.T) {
 				}
 				rcancel()
 				rd.Close()
+				readTo = last
 				t.Logf("a reader on B from 1: last event %d, then %v; view %+v", last, rerr, strB.View())
 			}
 		}
 	}
-	if r.State == policy.Complete && (m.last() != r.Head || failedHook != 0) {
-		t.Errorf("a completed stream (head %d) got the sweeper's failure after it: stored up to %d, ending %v, StreamFailed called %d times",
-			r.Head, m.last(), m.end, failedHook)
+	// What the sweeper stored past the completed head before its record
+	// write lost may stay there: no reader reads past the record's head.
+	// No failure is counted, marked or reported, and readers end at head.
+	if r.State == policy.Complete && (m.end == policy.Failed || failedHook != 0 || readTo != r.Head) {
+		t.Errorf("a completed stream (head %d) got the sweeper's failure after it: stored up to %d, ending %v, StreamFailed called %d times, a reader read to %d",
+			r.Head, m.last(), m.end, failedHook, readTo)
 	}
 }
 
@@ -336,7 +335,7 @@ func TestReview25SweeperNotFencedByACompletionWithoutMarker(t *testing.T) {
 // lost sessions on both replicas, counts the new ones, and a session
 // deleted then (a purge with a marker TTL, on the recreated buckets) goes
 // from both tallies.
-func TestReview25TallyAfterNATSLostItsData(t *testing.T) {
+func TestPerCallEdgeTallyAfterNATSLostItsData(t *testing.T) {
 	srv, err := testnet.StartNATS(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -381,8 +380,7 @@ func TestReview25TallyAfterNATSLostItsData(t *testing.T) {
 // taken over elsewhere, must not end the stream afterwards: the record
 // names the new producer. (recordEnd does not check the record's producer;
 // with no end marker, nothing in the events stream fences it either.)
-func TestReview25CutOffProducerCannotCompleteATakenOverStream(t *testing.T) {
-	t.Skip("review25: recordEnd does not check that the record still names this replica as producer: a producer whose lease lapsed unseen (a pause past LeaseTTL) completes a stream another replica took over (pre-existing: the record was written before the marker before dfdaa2e too)")
+func TestPerCallEdgeCutOffProducerCannotCompleteATakenOverStream(t *testing.T) {
 	urls := []string{testnet.NATS(t).ClientURL()}
 	mod := func(o *Options) { o.TakeoverWait = time.Hour }
 	a, b := openAt(t, urls, mod), openAt(t, urls, mod)
