@@ -19,7 +19,7 @@ import (
 // package under harness.Main reruns and fails.)
 func TestAFixtureChangeRerunsTheSuite(t *testing.T) {
 	if testing.Short() {
-		t.Skip("runs go test")
+		t.Skip("-short: this test runs go test on a child package, which takes minutes")
 	}
 	fixture := filepath.Join("internal", "cachedemo", "testdata", "fixture.txt")
 	orig, err := os.ReadFile(fixture)
