@@ -182,16 +182,19 @@ func (st *Store) recoverLost(missing []string) bool {
 	})
 	var tombs []lost
 	st.tombs.each(func(sh string, t *tombRecord, _ uint64) { tombs = append(tombs, lost{sh, t}) })
-	st.sessions.reset() // every handle here ends: readers, producers, detached upstream reads
-	st.streams.reset()
-	st.leases.reset()
+	// The tombstones first, then the sessions go: a session forgotten here
+	// before its tombstone shows would be no one's for a moment, and a
+	// resume then adopted instead of told of the loss. Earlier tombstones
+	// first, then the sessions just ended.
 	st.tombs.reset()
-	// Earlier tombstones first, then the sessions just ended.
 	for _, l := range append(tombs, ended...) {
 		if err := st.mergeTomb(ctx, l.sh, l.tomb); err != nil {
 			st.fault("tombstone", err)
 		}
 	}
+	st.sessions.reset() // every handle here ends: readers, producers, detached upstream reads
+	st.streams.reset()
+	st.leases.reset()
 	st.restartMirrors()
 	st.total.invalidate()
 	st.freed.fire()
