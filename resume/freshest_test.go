@@ -4,9 +4,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
-	"time"
 
-	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
@@ -17,16 +15,7 @@ import (
 // carries it instead of the good token the client still holds.
 func TestARefusedCredentialIsNotTheFreshest(t *testing.T) {
 	t.Parallel()
-	cfg := Config{StallTimeout: 5 * time.Second, Keepalive: time.Second, BindHeaders: []string{"X-Client"}}
-	cfg.SetDefaults()
-	st := buffer.NewMemoryStore(buffer.Options{Limits: cfg.Limits(), Key: []byte("k")})
-	t.Cleanup(st.Close)
-	rt := NewRuntime(st)
-	h, err := New(cfg, rt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rt.Stop)
+	h := testHandlerWith(t, Config{BindHeaders: []string{"X-Client"}})
 	good := post("1")
 	good.Header.Set("X-Client", "alice")
 	good.Header.Set("Authorization", "Bearer good")
@@ -62,16 +51,7 @@ func TestARefusedCredentialIsNotTheFreshest(t *testing.T) {
 // forgotten.
 func TestARefusedCredentialGetsTheUpstreamsVerdict(t *testing.T) {
 	t.Parallel()
-	cfg := Config{StallTimeout: 5 * time.Second, Keepalive: time.Second, Bind: []string{BindBearer}}
-	cfg.SetDefaults()
-	st := buffer.NewMemoryStore(buffer.Options{Limits: cfg.Limits(), Key: []byte("k")})
-	t.Cleanup(st.Close)
-	rt := NewRuntime(st)
-	h, err := New(cfg, rt)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(rt.Stop)
+	h := testHandlerWith(t, Config{Bind: []string{BindBearer}})
 	bound := post("1")
 	bound.Header.Set("Authorization", "Bearer expired")
 	sess, err := h.rt.store.CreateSession("sess-1", h.sessionMeta(bound, "2025-11-25", policy.Initialized))

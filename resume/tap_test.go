@@ -128,7 +128,14 @@ func result(id string, reqID string) string {
 // testHandler is an engine on a private memory store.
 func testHandler(t testing.TB) *Engine {
 	t.Helper()
-	cfg := Config{StallTimeout: 5 * time.Second, Keepalive: time.Second}
+	return testHandlerWith(t, Config{})
+}
+
+// testHandlerWith is testHandler with cfg (its stall and keep-alive
+// bounds set), e.g. a binding.
+func testHandlerWith(t testing.TB, cfg Config) *Engine {
+	t.Helper()
+	cfg.StallTimeout, cfg.Keepalive = 5*time.Second, time.Second
 	cfg.SetDefaults()
 	st := buffer.NewMemoryStore(buffer.Options{Limits: cfg.Limits(), Key: []byte("k")})
 	t.Cleanup(st.Close)
