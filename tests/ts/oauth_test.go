@@ -93,6 +93,40 @@ func (s *oauthServer) Requests() []upstreamRequest {
 // --public-url) until the test ends.
 func startOAuthServer(t *testing.T, args ...string) *oauthServer {
 	t.Helper()
+	s, err := tryOAuthServer(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// oauthBehindCaddy starts oauth_server.mjs (with args) behind a Caddy
+// with oauthSite, and returns it with the endpoint clients use. The
+// server's port is chosen before Caddy starts (Caddy's upstream) and bound
+// after (the server's public URL is Caddy's): one free a moment before may
+// be taken meanwhile (an outgoing connection's ephemeral port), so a
+// server that cannot listen is started again on another.
+func oauthBehindCaddy(t *testing.T, resume bool, args ...string) (*oauthServer, string) {
+	t.Helper()
+	for try := 1; ; try++ {
+		upstream := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+		c := harness.StartCaddy(t, oauthSite(upstream, resume))
+		endpoint := c.Base() + "/mcp"
+		srv, err := tryOAuthServer(t, append(args, "--port="+strings.TrimPrefix(upstream, "127.0.0.1:"), "--public-url="+endpoint)...)
+		if err == nil {
+			return srv, endpoint
+		}
+		if try == 3 {
+			t.Fatal(err)
+		}
+		t.Logf("oauth_server.mjs on %s, try %d: %v", upstream, try, err)
+	}
+}
+
+// tryOAuthServer is startOAuthServer, reporting a server that did not
+// start instead of failing the test.
+func tryOAuthServer(t *testing.T, args ...string) (*oauthServer, error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	argv := append([]string{"oauth_server.mjs"}, args...)
 	cmd := exec.CommandContext(ctx, "node", argv...)
@@ -126,10 +160,16 @@ func startOAuthServer(t *testing.T, args ...string) *oauthServer {
 			}
 		}
 	}()
+	var wait sync.Once
+	stop := func() {
+		wait.Do(func() {
+			cancel()
+			cmd.Wait()
+			<-done
+		})
+	}
 	t.Cleanup(func() {
-		cancel()
-		cmd.Wait()
-		<-done
+		stop()
 		if e := strings.TrimSpace(stderr.String()); e != "" {
 			t.Logf("oauth_server.mjs stderr: %s", e)
 		}
@@ -137,11 +177,12 @@ func startOAuthServer(t *testing.T, args ...string) *oauthServer {
 	select {
 	case p := <-port:
 		s.Addr = "127.0.0.1:" + p
-		return s
+		return s, nil
+	case <-done: // it exited (its stdout closed) without listening
 	case <-time.After(30 * time.Second):
-		t.Fatalf("oauth_server.mjs did not start: %s", stderr.String())
-		return nil
 	}
+	stop()
+	return nil, fmt.Errorf("oauth_server.mjs did not start: %s", stderr.String())
 }
 
 // Mint asks the server's test endpoint for an access token: sub's, for
@@ -314,10 +355,7 @@ func testOAuthRotation(t *testing.T, via string, cut bool) {
 		srv = startOAuthServer(t, append(args, "--port=0")...)
 		endpoint = "http://" + srv.Addr + "/mcp"
 	} else {
-		upstream := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-		c := harness.StartCaddy(t, oauthSite(upstream, via == "mcp_resume"))
-		endpoint = c.Base() + "/mcp"
-		srv = startOAuthServer(t, append(args, "--port="+strings.TrimPrefix(upstream, "127.0.0.1:"), "--public-url="+endpoint)...)
+		srv, endpoint = oauthBehindCaddy(t, via == "mcp_resume", args...)
 	}
 
 	var clientArgs []string
@@ -459,10 +497,7 @@ func checkCutResumedWithNewToken(t *testing.T, r oauthReport, fail func(string, 
 // event of hers, nor end her session.
 func TestOAuthAttacks(t *testing.T) {
 	nodeReady(t)
-	upstream := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	c := harness.StartCaddy(t, oauthSite(upstream, true))
-	endpoint := c.Base() + "/mcp"
-	srv := startOAuthServer(t, "--port="+strings.TrimPrefix(upstream, "127.0.0.1:"), "--public-url="+endpoint)
+	srv, endpoint := oauthBehindCaddy(t, true)
 
 	bearer := func(tok string) http.Header {
 		if tok == "" {
@@ -472,7 +507,7 @@ func TestOAuthAttacks(t *testing.T) {
 	}
 	const version = "2025-11-25"
 	aliceTok := srv.Mint(t, "alice", "", 2*time.Minute, false)
-	alice := harness.NewRawClient(t, c.Base(), version)
+	alice := harness.NewRawClient(t, strings.TrimSuffix(endpoint, "/mcp"), version)
 	alice.Header = bearer(aliceTok)
 	alice.Initialize()
 
