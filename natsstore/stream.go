@@ -39,7 +39,7 @@ type stream struct {
 	w       *writer
 	ended   error // why the stream is over here (the session ended, the store closed)
 	wmu     sync.Mutex
-	rmu     sync.Mutex // guards readers alone: taken when the mirror tells of a change
+	rmu     sync.Mutex // guards readers (and, in recordChanged, reading the record with them)
 	readers map[*reader]struct{}
 
 	// last is the newest record this handle has seen, at revision lastRev:
@@ -171,13 +171,16 @@ func (s *stream) viewOf(rec *streamRecord) policy.StreamView {
 // mirror holds now, not the one it was told of: the mirror applies
 // revisions in order but runs their callbacks unlocked, so an older
 // revision's callback (the record before an attach) can arrive after the
-// attach registered its reader, which it would take for a takeover.
+// attach registered its reader, which it would take for a takeover. It
+// reads the record under rmu: attached registers a reader (under rmu) only
+// once the mirror shows its attach, so every reader seen here is judged by
+// a record at least as new as the one that named it.
 func (s *stream) recordChanged(*streamRecord) {
+	s.rmu.Lock()
 	cur, ok := s.record()
 	if !ok {
 		cur = nil
 	}
-	s.rmu.Lock()
 	var over []*reader
 	for r := range s.readers {
 		if cur == nil || cur.Reader == nil || cur.Reader.ID != r.id {
