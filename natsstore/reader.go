@@ -229,6 +229,13 @@ func (r *reader) fromFeed(ctx context.Context, next uint64, idle time.Duration) 
 		return r.placeInfo(m.info, m.data)
 	}
 	if !r.s.producing.Load() {
+		if rec, ok := r.s.record(); !ok || rec.State != policy.Live {
+			// It ended since the record was read above: a producer lets go
+			// only once its end is in the record, so the record read again
+			// now tells, and Read ends it (no consumer for a call that
+			// ended).
+			return nil
+		}
 		// The producer here let go (cut off from NATS, it stopped before
 		// its lease could lapse): the feed brings nothing more. A consumer
 		// reads what a takeover or the sweeper stores, and tells of the
