@@ -259,9 +259,17 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 		return true
 	}
 	// A new session here: its producer role comes with it, from no lease.
+	t.holdCut = true
 	res := t.openStandalone(r, w, start, time.Time{}, nil)
 	unlock() // the upstream answered: the session is adopted, or not to be
 	switch {
+	case res.cut && !res.tapped && existing == nil && attachErr == nil:
+		// The proxy ended the upstream GET before its answer (a drain, the
+		// process stopping): nothing is adopted, and reverse_proxy's 499
+		// for it is not for this client (see serveStandalone). The
+		// connection is aborted, as a stopping reverse_proxy leaves it:
+		// the client asks again, from the same cursor, elsewhere.
+		panic(http.ErrAbortHandler)
 	case attachErr != nil:
 		return h.refuse(w, refuseStandalone, to{sid: sid, lastID: lastID})
 	case existing != nil:

@@ -82,8 +82,21 @@ func (h *Engine) serveStandalone(w http.ResponseWriter, r *http.Request, next Ne
 	if l, ok := p.(buffer.Lapsed); ok && l.Lapsed() {
 		own = time.Now().Add(ownConflictBound)
 	}
+	t.holdCut = true
 	res := t.openStandalone(r, out, start, own, answer)
-	if !res.tapped && !answered {
+	switch {
+	case res.cut && !answered:
+		// The proxy ended the upstream GET before its answer: a drain (the
+		// next GET goes to another replica), the process stopping, the
+		// session's end. reverse_proxy answers such a cancellation 499,
+		// which is for a client that left, not for this one: the SDKs
+		// take a non-2xx answer to a reconnect of the standalone stream
+		// for a broken session (the Go SDK's "standalone SSE stream: ",
+		// 499 having no status text). The client gets its stream, its
+		// position first, and it ends as the drain ends the open ones: the
+		// client reconnects.
+		answer()
+	case !res.tapped && !answered:
 		rd.Close() // the upstream's answer went to the client (a 404 ended the session)
 		return res.proxied
 	}
@@ -125,7 +138,7 @@ func (t *upstreamTap) openStandalone(r *http.Request, out http.ResponseWriter, s
 		}
 		res := t.attempt(t.standaloneRequest(r), out, start, false)
 		if !res.dropped {
-			if conflicts > 0 && !res.tapped {
+			if conflicts > 0 && !res.tapped && !res.cut {
 				upstreamReconnects.WithLabelValues("own_conflict_exhausted").Inc()
 				t.h.logger.Warn("standalone GET not opened within the bound after a lapsed-lease takeover: the upstream's answer stands",
 					zap.String("session", sid), zap.Int("conflicts", conflicts),
@@ -157,6 +170,7 @@ func (t *upstreamTap) openStandalone(r *http.Request, out http.ResponseWriter, s
 			pause = min(2*pause, time.Second)
 		}
 		if !t.sleep(pause) {
+			res.cut = true // the 409 was held back: the client waiting has no answer
 			return res
 		}
 	}

@@ -83,6 +83,13 @@ type upstreamTap struct {
 	// dropConflict, if set, says whether an upstream 409 to the current
 	// attempt is dropped (asked again) instead of passed on.
 	dropConflict func() bool
+	// holdCut: a client waits for the answer of the tap's attempts. Once
+	// the proxy itself ended the tap (a drain, the process stopping, the
+	// session's end, the producer role gone) an answer that is not a
+	// stream is not the upstream's but reverse_proxy's account of the
+	// cancellation (499): it is held back (attemptResult.cut), for the
+	// caller to answer the client as a cut stream is answered.
+	holdCut bool
 
 	// takeover: the tap took the stream over from a producer that died
 	// (follow.go's takeOver), from upstream cursor takeoverFrom;
@@ -159,6 +166,7 @@ func (t *upstreamTap) close() {
 type attemptResult struct {
 	status  int           // the upstream's status, 0 if none came
 	dropped bool          // a 409 dropConflict held back from the client
+	cut     bool          // the proxy ended the tap before an answer reached the client (holdCut): the client has none
 	tapped  bool          // a 200 text/event-stream fed the stream
 	broken  bool          // the response ended abnormally (connection error, abort)
 	proxied error         // what the next handler returned (e.g. 502: the upstream is unreachable)
@@ -178,7 +186,7 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 	t.conn++
 	t.resumed = req.Header.Get(hdrLastEventID) != ""
 	tw := &tapWriter{writerWrapper: &writerWrapper{ResponseWriter: out}, t: t, start: start}
-	if t.dropConflict != nil {
+	if t.dropConflict != nil || t.holdCut {
 		tw.header = http.Header{} // the answer's headers reach out only if it is passed on
 	}
 	stopped := false
@@ -188,6 +196,9 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 	began := time.Now()
 	defer func() {
 		res.status, res.tapped, res.dropped, res.lasted = tw.status, tw.tapping, tw.dropped, time.Since(began)
+		// Cut: the status was held back, or none came and the next handler
+		// returned (reverse_proxy's 499 or 502 as an error, for Caddy to write).
+		res.cut = tw.cut || t.holdCut && tw.status == 0 && !tw.tapping && t.ctx.Err() != nil
 		p := recover()
 		switch {
 		case stopped:
@@ -504,6 +515,7 @@ type tapWriter struct {
 	// did not (a 409 asked again).
 	header  http.Header
 	dropped bool
+	cut     bool // the status came once the proxy had ended the tap (holdCut): held back
 }
 
 func (tw *tapWriter) Header() http.Header {
@@ -535,7 +547,12 @@ func (tw *tapWriter) WriteHeader(status int) {
 	}
 	tw.status = status
 	if tw.header != nil {
-		if status == http.StatusConflict && tw.t.dropConflict() {
+		if tw.t.holdCut && tw.t.ctx.Err() != nil && !tappable(status, tw.header) {
+			tw.cut = true
+			tw.writerWrapper.ResponseWriter = discard()
+			return
+		}
+		if status == http.StatusConflict && tw.t.dropConflict != nil && tw.t.dropConflict() {
 			tw.dropped = true
 			tw.writerWrapper.ResponseWriter = discard()
 			return

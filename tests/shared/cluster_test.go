@@ -46,7 +46,13 @@ func storeNATS(urls []string, extra string) string {
 // storeNATS(...)), and a load balancer sending to the first.
 func deploy(t *testing.T, n int, store string, upstreamOpts demoserver.Options) *deployment {
 	t.Helper()
-	d := &deployment{t: t, upstream: harness.StartDemo(t, upstreamOpts)}
+	return deployTo(t, n, store, harness.StartDemo(t, upstreamOpts))
+}
+
+// deployTo is deploy in front of the MCP server at upstream (host:port).
+func deployTo(t *testing.T, n int, store, upstream string) *deployment {
+	t.Helper()
+	d := &deployment{t: t, upstream: upstream}
 	for i := 0; i < n; i++ {
 		d.replicas = append(d.replicas, d.start(fmt.Sprintf("r%d", i+1), store, true))
 	}
