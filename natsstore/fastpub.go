@@ -100,7 +100,7 @@ func (st *Store) kvCreateTTL(ctx context.Context, bucket, key string, value []by
 // kvPurge is KeyValue.Purge of key (if still at revision rev, 0: whatever
 // it holds), its marker kept for ttl (0: until purged), through publish: a
 // released lease and a retired record, one of each per call.
-func (st *Store) kvPurge(ctx context.Context, bucket, key string, rev uint64, ttl time.Duration) error {
+func (st *Store) kvPurge(ctx context.Context, bucket, key string, rev uint64, ttl time.Duration) (uint64, error) {
 	msg := &nats.Msg{Subject: "$KV." + bucket + "." + key, Header: nats.Header{}}
 	msg.Header.Set("KV-Operation", "PURGE")
 	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
@@ -110,6 +110,5 @@ func (st *Store) kvPurge(ctx context.Context, bucket, key string, rev uint64, tt
 	if rev > 0 {
 		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	}
-	_, err := st.publish(ctx, msg)
-	return err
+	return st.publish(ctx, msg)
 }

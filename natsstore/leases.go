@@ -170,7 +170,7 @@ func (st *Store) renewLoop() {
 				st.held.mu.Unlock()
 				var rec leaseRecord
 				json.Unmarshal(h.val, &rec)
-				st.leases.apply(h.key, rev, h.val, &rec)
+				st.leases.written(h.key, rev, h.val, &rec)
 			case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
 				// A request stream's lease lapsed while NATS was out of
 				// reach; its producer is still here and takes it again

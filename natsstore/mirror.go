@@ -31,7 +31,12 @@ type mirror[T any] struct {
 	// writes (KeyValue.Create with a TTL and KeyValue.Purge otherwise),
 	// the store's too.
 	createTTL func(ctx context.Context, key string, value []byte, ttl time.Duration) (uint64, error)
-	purge     func(ctx context.Context, key string, rev uint64, ttl time.Duration) error
+	purge     func(ctx context.Context, key string, rev uint64, ttl time.Duration) (uint64, error)
+	// notify, if set, is told of each write of this replica once it
+	// succeeded and the mirror shows it (raw nil: a deletion, at the
+	// marker's revision): the replicas interested in the key learn of it
+	// from the store (interest.go), not from a watch of the whole bucket.
+	notify func(key string, rev uint64, raw []byte)
 	// index, if set, is told of every applied change with the value it
 	// replaces (nil: none), under the mirror's lock and in revision order:
 	// it must be quick and use no mirror.
@@ -369,26 +374,60 @@ func (m *mirror[T]) take(e jetstream.KeyValueEntry, onErr func(error)) {
 		}
 		return
 	}
+	m.applyRaw(e.Key(), e.Revision(), e.Value(), onErr)
+}
+
+// applyRaw applies a value as stored at rev (a watch's, a notification's),
+// decoding it only if the mirror has nothing as new.
+func (m *mirror[T]) applyRaw(key string, rev uint64, raw []byte, onErr func(error)) {
 	m.mu.RLock()
-	var rev uint64
-	if cur := m.entries[e.Key()]; cur != nil {
-		rev = cur.rev
+	var cur uint64
+	if e := m.entries[key]; e != nil {
+		cur = e.rev
 	}
-	w, mine := m.writing[e.Key()]
+	w, mine := m.writing[key]
 	m.mu.RUnlock()
-	if rev >= e.Revision() {
+	if cur >= rev {
 		return // this replica's own write, applied when it succeeded: nothing to decode
 	}
-	if mine && bytes.Equal(w.raw, e.Value()) {
-		m.apply(e.Key(), e.Revision(), w.raw, w.val) // its own write, back before its acknowledgement
+	if mine && bytes.Equal(w.raw, raw) {
+		m.apply(key, rev, w.raw, w.val) // its own write, back before its acknowledgement
 		return
 	}
 	v := new(T)
-	if err := json.Unmarshal(e.Value(), v); err != nil {
+	if err := json.Unmarshal(raw, v); err != nil {
 		onErr(err)
 		return
 	}
-	m.apply(e.Key(), e.Revision(), e.Value(), v)
+	m.apply(key, rev, raw, v)
+}
+
+// forget drops the entries whose keys keep refuses, as if they had never
+// been seen (changed is told of none: no handle here reads them): what a
+// replica held of sessions it no longer serves, once a watch of the whole
+// bucket stopped or its interest ended.
+func (m *mirror[T]) forget(keep func(key string) bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k, e := range m.entries {
+		if keep(k) {
+			continue
+		}
+		if e.val != nil {
+			if m.index != nil {
+				m.index(k, e.val, nil)
+			}
+			m.live--
+			if m.group != nil {
+				g := m.group(k)
+				delete(m.groups[g], k)
+				if len(m.groups[g]) == 0 {
+					delete(m.groups, g)
+				}
+			}
+		}
+		delete(m.entries, k)
+	}
 }
 
 // ---- writes ------------------------------------------------------------
@@ -472,7 +511,7 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 			if done != nil {
 				done(v)
 			}
-			m.apply(key, nrev, b, v)
+			m.written(key, nrev, b, v)
 			return v, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLast(err) {
@@ -530,7 +569,7 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 			rev, err = m.kv.Create(ctx, key, b, opts...)
 		}
 		if err == nil {
-			m.apply(key, rev, b, v)
+			m.written(key, rev, b, v)
 			return rev, nil
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) || !transient(err) || round >= 20 {
@@ -560,7 +599,7 @@ func (m *mirror[T]) createWithTTL(ctx context.Context, key string, v *T, ttl tim
 			rev, err = m.kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
 		}
 		if err == nil {
-			m.apply(key, rev, b, v)
+			m.written(key, rev, b, v)
 			return rev, nil
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) || !transient(err) || round >= 20 {
@@ -581,7 +620,7 @@ func (m *mirror[T]) put(ctx context.Context, key string, v *T) error {
 	for round := 0; ; round++ {
 		rev, err := m.kv.Put(ctx, key, b)
 		if err == nil {
-			m.apply(key, rev, b, v)
+			m.written(key, rev, b, v)
 			return nil
 		}
 		if !transient(err) || round >= 20 {
@@ -608,8 +647,9 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 	}
 	for round := 0; ; round++ {
 		var err error
+		var marker uint64 // the marker's revision, where the write tells it
 		if m.purge != nil && m.markerTTL > 0 {
-			err = m.purge(ctx, key, rev, m.markerTTL)
+			marker, err = m.purge(ctx, key, rev, m.markerTTL)
 		} else if m.markerTTL > 0 {
 			err = m.kv.Purge(ctx, key, opts...)
 		} else {
@@ -617,6 +657,9 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 		}
 		if err == nil {
 			m.deleted(key, base)
+			if m.notify != nil {
+				m.notify(key, max(marker, base+1), nil)
+			}
 			return nil
 		}
 		if !transient(err) || round >= 20 {
@@ -625,6 +668,15 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 		if !sleepCtx(ctx, backoff(round)) {
 			return ctx.Err()
 		}
+	}
+}
+
+// written applies a write of this replica that succeeded, and tells the
+// interested replicas of it.
+func (m *mirror[T]) written(key string, rev uint64, raw []byte, val *T) {
+	m.apply(key, rev, raw, val)
+	if m.notify != nil {
+		m.notify(key, rev, raw)
 	}
 }
 

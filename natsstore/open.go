@@ -38,6 +38,7 @@ type Store struct {
 	tombs    *mirror[tombRecord]
 	leases   *mirror[leaseRecord]
 	meta     jetstream.KeyValue
+	interest interest // the sessions whose stream records and leases this replica holds
 
 	watchMu     sync.Mutex
 	stopWatches func() // stops the mirrors' watches
@@ -108,6 +109,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	st := &Store{opts: opts, names: newNames(opts.Prefix), limits: opts.Limits,
 		handles: make(map[string]*session)}
+	st.interest.subs, st.interest.notes = make(map[string]*interestSub), make(chan *nats.Msg, noteCap)
 	st.ctx, st.cancel = context.WithCancel(context.Background())
 	st.held.m = make(map[string]*heldLease)
 	ok := false
@@ -144,10 +146,12 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := st.startMirrors(ctx); err != nil {
 		return nil, err
 	}
-	st.wg.Add(3)
+	st.wg.Add(5)
 	go st.renewLoop()
 	go st.sweepLoop()
 	go st.healthLoop()
+	go st.applyNotes()
+	go st.interestLoop()
 	ok = true
 	return st, nil
 }
@@ -163,7 +167,15 @@ func (st *Store) connect() error {
 		// Asynchronous errors (a watch's consumer gone while NATS lacks the
 		// zone's buckets, a permission refused) are failed operations like
 		// any other, not lines on stderr.
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { st.fault("async", err) }),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			st.lostNotes(sub, err) // loaded again by the interest loop
+			st.fault("async", err)
+		}),
+		// A replica never needs its own notifications (interest.go).
+		nats.NoEcho(),
+		// Notifications sent while the connection was down are lost:
+		// every interest is loaded again.
+		nats.ReconnectHandler(func(*nats.Conn) { st.spawn(func() { st.reloadInterests(true) }) }),
 	}
 	switch {
 	case o.Server != nil:
@@ -225,6 +237,9 @@ func (st *Store) provision(ctx context.Context) error {
 	st.tombs = newMirror[tombRecord](kvs[2], nil, nil)
 	st.leases = newMirror(kvs[3], incarnationOf, st.leaseChanged)
 	st.leases.markerTTL = leaseMarkerTTL
+	// Stream records and leases: each replica holds those of the sessions
+	// it serves (interest.go), told of the others' writes by them.
+	st.streams.notify, st.leases.notify = st.notifier(noteStreams), st.notifier(noteLeases)
 	// A deleted record's marker goes by itself once every mirror may have
 	// forgotten the deletion (tidyAge): no purge request per deletion.
 	st.sessions.markerTTL, st.streams.markerTTL, st.tombs.markerTTL = recordMarkerTTL(), recordMarkerTTL(), recordMarkerTTL()
@@ -234,11 +249,11 @@ func (st *Store) provision(ctx context.Context) error {
 		return st.kvCreateTTL(ctx, st.names.leases, key, value, ttl)
 	}
 	for _, m := range []struct {
-		set    *func(context.Context, string, uint64, time.Duration) error
+		set    *func(context.Context, string, uint64, time.Duration) (uint64, error)
 		bucket string
 	}{{&st.leases.purge, st.names.leases}, {&st.sessions.purge, st.names.sessions}, {&st.streams.purge, st.names.streams}, {&st.tombs.purge, st.names.tombs}} {
 		bucket := m.bucket
-		*m.set = func(ctx context.Context, key string, rev uint64, ttl time.Duration) error {
+		*m.set = func(ctx context.Context, key string, rev uint64, ttl time.Duration) (uint64, error) {
 			return st.kvPurge(ctx, bucket, key, rev, ttl)
 		}
 	}
@@ -395,8 +410,10 @@ func (st *Store) startMirrors(ctx context.Context) error {
 			<-d
 		}
 	}
+	// Sessions and tombstones whole, on every replica; stream records and
+	// leases by interest (interest.go), whole on the sweeping replica.
 	for _, w := range []func(context.Context, func(error)) (<-chan struct{}, <-chan struct{}, error){
-		st.sessions.watch, st.streams.watch, st.tombs.watch, st.leases.watch,
+		st.sessions.watch, st.tombs.watch,
 	} {
 		var r, d <-chan struct{}
 		err := provisioning(ctx, func(context.Context) (err error) {
@@ -431,6 +448,9 @@ func (st *Store) stopMirrors() {
 	if stop != nil {
 		stop()
 	}
+	st.interest.mu.Lock()
+	st.interest.stopFull() // the sweeper starts it again
+	st.interest.mu.Unlock()
 }
 
 // MaxPayload is the most event bytes one message takes: a larger event is

@@ -64,6 +64,10 @@ func (w *wiretap) kind(subject string) string {
 		return "kv write " + strings.ToLower(bucket)
 	case strings.HasPrefix(subject, p+".ev."):
 		return "event publish"
+	case strings.HasPrefix(subject, p+".n."):
+		// A write's notification to the replicas that serve its session
+		// (interest.go): core NATS, nothing stored or acknowledged.
+		return "notification"
 	case strings.HasPrefix(subject, "$JS.API.DIRECT.GET."):
 		return "direct get"
 	case strings.HasPrefix(subject, "$JS.API.CONSUMER.CREATE."), strings.HasPrefix(subject, "$JS.API.CONSUMER.DURABLE.CREATE."),
@@ -303,7 +307,10 @@ func TestWhatAShortCallCosts(t *testing.T) {
 		{"pull requests", is("pull request"), 0},
 		{"direct gets", is("direct get"), 0.3},
 		{"purges", is("purge"), 1 + perSecond},
-		{"all operations", func(k string) bool { return k != "delivery" && !strings.HasPrefix(k, "watch consumer") }, 9.7 + 2*perSecond},
+		{"notifications", is("notification"), 4.3 + 2 + 1 + perSecond},
+		{"all operations", func(k string) bool {
+			return k != "delivery" && k != "notification" && !strings.HasPrefix(k, "watch consumer")
+		}, 9.7 + 2*perSecond},
 	} {
 		if got := float64(total(all, b.match)) / calls; got > b.max+1e-9 {
 			t.Errorf("%s: %.2f per call, more than %v", b.kind, got, b.max)

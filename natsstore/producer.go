@@ -31,6 +31,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
@@ -148,9 +150,9 @@ func (s *stream) TakeProducer(ctx context.Context) (buffer.Producer, error) {
 			st.local.abandon(key, p)
 			return nil, err
 		}
-		prev := st.leases.unreleased(s.key) // before acquire writes the key
+		lapsed := st.lapsedLease(ctx, s.key) // before acquire writes the key
 		ok, _ := st.acquire(s.key, p.Stop)
-		p.lapsed = ok && prev != nil && prev.Replica != st.opts.ReplicaID
+		p.lapsed = ok && lapsed
 		if !ok {
 			st.local.abandon(key, p)
 			return nil, buffer.ErrProducing
@@ -197,6 +199,25 @@ func (s *stream) producerDone() {
 		go s.sess.st.release(s.key)
 	}
 	s.changed.fire()
+}
+
+// lapsedLease reports whether the lease of key was last held by another
+// replica and went unreleased: its TTL expired. This replica's mirror says
+// so if it saw the lease held; a replica that took an interest in the
+// session only now reads what the bucket holds at the key: an expiry's
+// marker (Nats-Marker-Reason MaxAge), where a release leaves a purge.
+func (st *Store) lapsedLease(ctx context.Context, key string) bool {
+	if prev := st.leases.unreleased(key); prev != nil {
+		return prev.Replica != st.opts.ReplicaID
+	}
+	kv, err := st.kvStream(st.names.leases)
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	m, err := kv.GetLastMsgForSubject(ctx, "$KV."+st.names.leases+"."+key)
+	return err == nil && m.Header.Get("KV-Operation") == "" && m.Header.Get(jetstream.MarkerReasonHeader) == "MaxAge"
 }
 
 // isStandaloneKey reports whether a stream (or lease) key is a standalone

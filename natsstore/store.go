@@ -162,11 +162,15 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 			st.fault("tombstone", err) // consumed anyway: it expires with its TTL
 		}
 	}
-	return st.handle(rec), nil
+	// A session made again (a tombstone named it) may still have an
+	// earlier incarnation's standalone lease, which its producer awaits.
+	return st.handle(rec, hasTomb), nil
 }
 
 // handle returns this replica's handle of a session incarnation.
-func (st *Store) handle(rec *sessionRecord) *session {
+// load: what the buckets hold of it is read in, unless this replica is
+// interested in the session already (see interestIn).
+func (st *Store) handle(rec *sessionRecord, load bool) *session {
 	sh := sessionToken(rec.ID)
 	st.mu.Lock()
 	h := st.handles[sh]
@@ -181,6 +185,7 @@ func (st *Store) handle(rec *sessionRecord) *session {
 	if old != nil {
 		old.end(buffer.ErrSessionGone) // an earlier incarnation
 	}
+	st.interestIn(sh, load)
 	return h
 }
 
@@ -193,7 +198,7 @@ func (st *Store) Session(id string) (buffer.Session, bool) {
 	if !ok || rec.ID != id {
 		return nil, false
 	}
-	return st.handle(rec), true
+	return st.handle(rec, true), true
 }
 
 // Tombstone implements buffer.Store. It reads through to KV on a miss:
@@ -218,6 +223,12 @@ func (st *Store) Delete(id string, reason policy.Reason) bool {
 	sh := sessionToken(id)
 	ctx, cancel := st.opCtx()
 	defer cancel()
+	// Read through: a session made elsewhere a moment ago may not have
+	// reached this replica's watch yet.
+	if rec, _, ok := st.sessions.lookup(ctx, sh); !ok || rec.ID != id {
+		return false
+	}
+	st.interestIn(sh, true) // its streams are cleared by the replica that deletes it
 	st.mu.Lock()
 	h := st.handles[sh]
 	st.mu.Unlock()
@@ -265,7 +276,7 @@ func (st *Store) Delete(id string, reason policy.Reason) bool {
 	if h != nil {
 		h.end(buffer.ErrSessionGone)
 	}
-	st.clearIncarnation(ctx, sh+"."+rec.Epoch, end.keys)
+	st.clearIncarnation(ctx, sh+"."+rec.Epoch, end.keys, end.leases)
 	if hk := st.opts.Hooks.SessionEnded; hk != nil {
 		hk(id, reason)
 	}
@@ -276,6 +287,7 @@ func (st *Store) Delete(id string, reason policy.Reason) bool {
 type sessionEnd struct {
 	tomb    *tombRecord
 	keys    []string // its stream records
+	leases  []string // and leases (the mirror forgets them with the session)
 	evicted uint64   // events that go with it
 	failed  int      // live request streams that fail with it
 }
@@ -287,7 +299,7 @@ func (st *Store) ending(ctx context.Context, rec *sessionRecord, reason policy.R
 	sh := sessionToken(rec.ID)
 	keys := st.streams.keysOf(sh + "." + rec.Epoch)
 	sort.Slice(keys, func(i, j int) bool { return keyNum(keys[i]) > keyNum(keys[j]) })
-	e := sessionEnd{keys: keys}
+	e := sessionEnd{keys: keys, leases: st.leases.keysOf(sh + "." + rec.Epoch)}
 	past := buffer.Past{Epoch: rec.Epoch, Reason: reason, Streams: make(map[uint32]policy.StreamView)}
 	for _, key := range keys {
 		srec, _, ok := st.streams.get(key)
@@ -333,7 +345,7 @@ func (st *Store) ending(ctx context.Context, rec *sessionRecord, reason policy.R
 
 // clearIncarnation removes what a deleted session incarnation left: its
 // events, stream records and leases.
-func (st *Store) clearIncarnation(ctx context.Context, inc string, keys []string) {
+func (st *Store) clearIncarnation(ctx context.Context, inc string, keys, leases []string) {
 	if err := st.purge(ctx, st.names.evPrefix+inc+".>", 0); err != nil {
 		st.fault("purge", err)
 	}
@@ -342,16 +354,14 @@ func (st *Store) clearIncarnation(ctx context.Context, inc string, keys []string
 			st.fault("delete_stream", err)
 		}
 	}
-	for _, key := range st.leases.keysOf(inc) {
+	for _, key := range leases {
 		if isStandaloneKey(key) {
 			// Its holder releases it once its GET is closed (producer.go):
 			// the next incarnation's producer waits for that.
 			continue
 		}
 		st.release(key) // ours: stop renewing
-		if _, _, held := st.leases.get(key); held {
-			st.leases.remove(ctx, key, 0)
-		}
+		st.leases.remove(ctx, key, 0)
 	}
 	st.total.invalidate()
 	st.freed.fire()
@@ -394,17 +404,33 @@ func (st *Store) SessionInfo(id string) (buffer.SessionInfo, bool) {
 }
 
 // Sessions implements buffer.Inspector: the zone's sessions.
+// A replica that does not sweep holds the stream records of the sessions
+// it serves only: it reads the zone's for the list (one watch's initial
+// values), an operator's request, not a call's.
 func (st *Store) Sessions() []buffer.SessionInfo {
+	recs := st.streams
+	if !st.interest.fullOn() {
+		ctx, cancel := st.opCtx()
+		defer cancel()
+		all := newMirror[streamRecord](st.streams.kv, incarnationOf, nil)
+		if err := all.loadAll(ctx); err != nil {
+			st.fault("sessions", err) // the records this replica holds, then
+		} else {
+			recs = all
+		}
+	}
 	var out []buffer.SessionInfo
 	st.sessions.each(func(_ string, r *sessionRecord, _ uint64) {
-		out = append(out, st.sessionInfo(r))
+		out = append(out, st.sessionInfoFrom(r, recs))
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
 	return out
 }
 
-// Stats implements buffer.Inspector. Sessions, streams, retained bytes,
-// connections and tombstones are the zone's (the same on every replica);
+// Stats implements buffer.Inspector. Sessions and tombstones are the
+// zone's (the same on every replica); streams, retained bytes and
+// connections too on the sweeping replica, which holds every stream
+// record, and those of the sessions it serves on the others (interest.go);
 // Producing, Detached and StalledStreams are this replica's, since each
 // replica reports the upstream reads it does itself.
 func (st *Store) Stats() buffer.Stats {
@@ -455,14 +481,19 @@ func (st *Store) retainedOf(key string, r *streamRecord) int64 {
 }
 
 func (st *Store) sessionInfo(r *sessionRecord) buffer.SessionInfo {
+	return st.sessionInfoFrom(r, st.streams)
+}
+
+// sessionInfoFrom is sessionInfo with the stream records of recs.
+func (st *Store) sessionInfoFrom(r *sessionRecord, recs *mirror[streamRecord]) buffer.SessionInfo {
 	info := buffer.SessionInfo{ID: r.ID, Epoch: r.Epoch, Version: r.Version, Origin: r.origin().String(),
 		Created: time.Unix(0, r.Created), LastActivity: time.Unix(0, r.LastActive)}
 	inc := sessionToken(r.ID) + "." + r.Epoch
-	keys := st.streams.keysOf(inc)
+	keys := recs.keysOf(inc)
 	sort.Slice(keys, func(i, j int) bool { return keyNum(keys[i]) < keyNum(keys[j]) })
 	now := time.Now()
 	for _, key := range keys {
-		sr, _, ok := st.streams.get(key)
+		sr, _, ok := recs.get(key)
 		if !ok || !sr.Opened {
 			continue // a standalone stream no one used
 		}
@@ -509,6 +540,9 @@ func keyNum(key string) uint32 {
 // sessionChanged ends this replica's handle of a session that ended (or
 // was replaced by a new incarnation) anywhere.
 func (st *Store) sessionChanged(sh string, cur *sessionRecord) {
+	if cur == nil {
+		st.dropInterest(sh)
+	}
 	st.mu.Lock()
 	h := st.handles[sh]
 	if h == nil || cur != nil && cur.Epoch == h.epoch {

@@ -26,8 +26,12 @@ func (st *Store) sweepLoop() {
 		case <-t.C:
 		}
 		sweeper := !st.closing.Load() && st.holdSweeper()
+		// The sweep needs the zone's every stream record and lease: the
+		// sweeping replica watches those buckets whole, the others hold
+		// what they serve (interest.go).
+		whole := st.fullWatch(sweeper)
 		st.tidy(sweeper)
-		if sweeper {
+		if sweeper && whole {
 			st.sweep(time.Now())
 		}
 	}
@@ -54,7 +58,7 @@ func (st *Store) sweep(now time.Time) {
 			// Its session is gone: a replica that deleted it died midway.
 			if now.Sub(time.Unix(0, rec.Created)) >= 2*ttl {
 				ctx, cancel := st.opCtx()
-				st.clearIncarnation(ctx, inc, st.streams.keysOf(inc))
+				st.clearIncarnation(ctx, inc, st.streams.keysOf(inc), st.leases.keysOf(inc))
 				cancel()
 			}
 			return

@@ -17,6 +17,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,6 +36,12 @@ type config struct {
 	sessions, calls int
 	churn, rounds   int
 	idle, settle    time.Duration
+	// idleProfile, if set, is where a CPU profile of replica B (the first
+	// idle one) during the short calls is written.
+	idleProfile string
+	// sweeperIdle starts the idle replicas first, so that one of them
+	// holds the sweeper lease (and watches the zone's records whole).
+	sweeperIdle bool
 }
 
 func main() {
@@ -47,6 +54,8 @@ func main() {
 	flag.DurationVar(&c.idle, "idle", 3*time.Second, "how long each process's idle background is measured")
 	flag.DurationVar(&c.settle, "settle", time.Second, "how long after a run its work is still counted")
 	quick := flag.Bool("quick", false, "smoke run: 1 round, fewer calls")
+	flag.BoolVar(&c.sweeperIdle, "sweeper-idle", false, "start the idle replicas first, so one of them is the zone's sweeper (by default replica A, started first, is)")
+	flag.StringVar(&c.idleProfile, "idle-cpuprofile", "", "write a CPU profile of replica B (idle) during the short calls to this file")
 	flag.Parse()
 	for _, f := range strings.Split(*reps, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -77,6 +86,7 @@ type cluster struct {
 	nats     *exec.Cmd
 	replicas []*mcptest.Process
 	bases    []string
+	admins   []string // each replica's admin endpoint
 }
 
 // procs are the cluster's processes: replica A, the idle replicas, nats-server.
@@ -106,7 +116,7 @@ func bins(dir string) (natsBin, caddyBin string, err error) {
 	return natsBin, caddyBin, err
 }
 
-func start(dir, natsBin, caddyBin, upstream string, n int) (*cluster, error) {
+func start(dir, natsBin, caddyBin, upstream string, n int, sweeperIdle bool) (*cluster, error) {
 	port, err := testnet.FreePort()
 	if err != nil {
 		return nil, err
@@ -120,7 +130,15 @@ func start(dir, natsBin, caddyBin, upstream string, n int) (*cluster, error) {
 		return nil, err
 	}
 	store := fmt.Sprintf("store nats {\n url nats://127.0.0.1:%d\n}", port)
+	cl.replicas, cl.bases, cl.admins = make([]*mcptest.Process, n), make([]string, n), make([]string, n)
+	order := make([]int, 0, n) // replica A is index 0
 	for i := range n {
+		order = append(order, i)
+	}
+	if sweeperIdle && n > 1 {
+		order = append(order[1:], 0)
+	}
+	for k, i := range order {
 		var ports [4]int
 		for j := range ports {
 			if ports[j], err = testnet.CaddyPort(); err != nil {
@@ -136,18 +154,36 @@ func start(dir, natsBin, caddyBin, upstream string, n int) (*cluster, error) {
 			cl.stop()
 			return nil, fmt.Errorf("replica %d: %v", i+1, err)
 		}
-		cl.replicas = append(cl.replicas, p)
-		cl.bases = append(cl.bases, fmt.Sprintf("http://127.0.0.1:%d", ports[3]))
+		cl.replicas[i] = p
+		cl.bases[i] = fmt.Sprintf("http://127.0.0.1:%d", ports[3])
+		cl.admins[i] = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+		if k == 0 && n > 1 {
+			// The first replica's store opens on its first request; its
+			// sweep takes the lease half a second later.
+			if err := waitReady(cl.bases[i]); err != nil {
+				cl.stop()
+				return nil, err
+			}
+			time.Sleep(1500 * time.Millisecond)
+		}
 	}
 	// Ready when replica A answers an initialize (its store connected).
+	if err := waitReady(cl.bases[0]); err != nil {
+		cl.stop()
+		return nil, err
+	}
+	return cl, nil
+}
+
+// waitReady waits until the replica at base answers an initialize.
+func waitReady(base string) error {
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		c := mcptest.NewClient(cl.bases[0], "2025-06-18", nil)
+		c := mcptest.NewClient(base, "2025-06-18", nil)
 		if err := c.Initialize(context.Background()); err == nil {
 			c.Delete(context.Background())
-			return cl, nil
+			return nil
 		} else if time.Now().After(deadline) {
-			cl.stop()
-			return nil, fmt.Errorf("replica A not ready: %v", err)
+			return fmt.Errorf("replica at %s not ready: %v", base, err)
 		}
 	}
 }
@@ -286,7 +322,7 @@ func run(c config) error {
 			slices.Reverse(order)
 		}
 		for _, n := range order {
-			cl, err := start(dir, natsBin, caddyBin, upstream, n)
+			cl, err := start(dir, natsBin, caddyBin, upstream, n, c.sweeperIdle)
 			if err != nil {
 				return err
 			}
@@ -309,7 +345,11 @@ func run(c config) error {
 				n    int
 				work func() error
 			}{{"short calls", c.calls, calls(ctx, cl, c)}, {"session churn", c.churn, churn(ctx, cl, c)}} {
-				s, err := measure(cl, c, idle, w.n, w.work)
+				work := w.work
+				if c.idleProfile != "" && n > 1 && w.name == "short calls" {
+					work = profiled(cl.admins[1], c.idleProfile, work)
+				}
+				s, err := measure(cl, c, idle, w.n, work)
 				if err != nil {
 					cl.stop()
 					return fmt.Errorf("%s, %d replicas: %v", w.name, n, err)
@@ -323,6 +363,32 @@ func run(c config) error {
 	}
 	fmt.Print(report(c, results))
 	return nil
+}
+
+// profiled runs work while replica admin's CPU profile is taken (Caddy's
+// /debug/pprof), and writes the profile to file.
+func profiled(admin, file string, work func() error) func() error {
+	return func() error {
+		done := make(chan error, 1)
+		go func() {
+			resp, err := http.Get(admin + "/debug/pprof/profile?seconds=2")
+			if err != nil {
+				done <- err
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err == nil {
+				err = os.WriteFile(file, b, 0o644)
+			}
+			done <- err
+		}()
+		err := work()
+		if perr := <-done; err == nil && perr != nil {
+			return fmt.Errorf("idle profile: %v", perr)
+		}
+		return err
+	}
 }
 
 func roundAll(xs []float64) []float64 {
@@ -345,8 +411,13 @@ func report(c config, results map[figure][]sample) string {
 	var b strings.Builder
 	rev, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	fmt.Fprintf(&b, "## Scale-out: CPU per call by replica count\n\n- `go run ./cmd/mcp-resume-scale %s` at %s\n", strings.Join(os.Args[1:], " "), bytes.TrimSpace(rev))
-	fmt.Fprintf(&b, "- One nats-server (`-js`, file storage) and N Caddy replicas with `store nats`, separate processes; %d MCP sessions (or churn workers) against replica A only; a short call is one 160 B progress notification and the result. CPU from /proc per process, during the run and %v after, each process's idle rate (measured %v before) taken off. Medians of %d round(s).\n\n", c.sessions, c.settle, c.idle, c.rounds)
-	b.WriteString("| workload | replicas | calls/s | serving replica, CPU per call | each idle replica, per call served by A | nats-server, per call | cluster, per call | idle / serving | cluster / cluster at 1 |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	fmt.Fprintf(&b, "- One nats-server (`-js`, file storage) and N Caddy replicas with `store nats`, separate processes; %d MCP sessions (or churn workers) against replica A only; a short call is one 160 B progress notification and the result. CPU from /proc per process, during the run and %v after, each process's idle rate (measured %v before) taken off. Medians of %d round(s).\n", c.sessions, c.settle, c.idle, c.rounds)
+	sweeper := "replica A, started first, holds the sweeper lease"
+	if c.sweeperIdle {
+		sweeper = "an idle replica, started first, holds the sweeper lease (the busiest idle replica)"
+	}
+	fmt.Fprintf(&b, "- The zone's sweeper: %s.\n\n", sweeper)
+	b.WriteString("| workload | replicas | calls/s | serving replica, CPU per call | busiest idle replica, per call served by A (of serving) | each other idle replica (of serving) | nats-server, per call | cluster, per call | cluster / cluster at 1 |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, w := range []string{"short calls", "session churn"} {
 		var cluster1 float64
 		for _, n := range slices.Sorted(slices.Values(c.replicas)) {
@@ -362,15 +433,24 @@ func report(c config, results map[figure][]sample) string {
 				return median(v)
 			}
 			serving := pick(func(s sample) float64 { return s.perCall[0] })
-			idleEach := pick(func(s sample) float64 {
+			// The busiest idle replica is the sweeper, if one of them
+			// sweeps (it watches the zone's records whole); the others'
+			// mean is what a replica that only serves costs.
+			busiest := pick(func(s sample) float64 {
 				if n == 1 {
+					return 0
+				}
+				return slices.Max(s.perCall[1:n])
+			})
+			others := pick(func(s sample) float64 {
+				if n <= 2 {
 					return 0
 				}
 				var sum float64
 				for _, x := range s.perCall[1:n] {
 					sum += x
 				}
-				return sum / float64(n-1)
+				return (sum - slices.Max(s.perCall[1:n])) / float64(n-2)
 			})
 			natsCPU := pick(func(s sample) float64 { return s.perCall[n] })
 			total := pick(func(s sample) float64 {
@@ -383,15 +463,18 @@ func report(c config, results map[figure][]sample) string {
 			if n == 1 {
 				cluster1 = total
 			}
-			idleCell, ratioCell := "—", "—"
-			if n > 1 {
-				idleCell = fmt.Sprintf("%.1f%%", 100*idleEach/serving)
+			cell := func(v float64, ok bool) string {
+				if !ok {
+					return "—"
+				}
+				return fmt.Sprintf("%.0f µs (%.1f%%)", v, 100*v/serving)
 			}
+			ratioCell := "—"
 			if cluster1 > 0 {
 				ratioCell = fmt.Sprintf("%.2fx", total/cluster1)
 			}
-			fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f µs | %s | %.0f µs | %.0f µs | %s | %s |\n", w, n, pick(func(s sample) float64 { return s.rate }),
-				serving, map[bool]string{true: "—", false: fmt.Sprintf("%.0f µs", idleEach)}[n == 1], natsCPU, total, idleCell, ratioCell)
+			fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f µs | %s | %s | %.0f µs | %.0f µs | %s |\n", w, n, pick(func(s sample) float64 { return s.rate }),
+				serving, cell(busiest, n > 1), cell(others, n > 2), natsCPU, total, ratioCell)
 		}
 	}
 	b.WriteString("\nTargets (issue 24): an idle replica ≤ 2% of the serving replica's CPU per call; the cluster's CPU per call at 3 replicas ≤ 1.05x that at 1.\n")
