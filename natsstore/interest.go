@@ -3,7 +3,9 @@ package natsstore
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -12,17 +14,21 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// A replica holds the stream records and leases of the sessions it serves,
-// not the whole zone's (issue 24: with whole-bucket watches every replica
-// received and decoded every write of every call, so adding a replica added
-// work to all the others).
+// A replica holds the session, stream and lease records of the sessions it
+// serves, not the whole zone's (issue 24: with whole-bucket watches every
+// replica received and decoded every write of every call, so adding a
+// replica added work to all the others).
 //
 // Its interest in a session (by session token) begins with its handle of
 // the session and ends with the session: it subscribes to the session's
-// notifications (core NATS, <P>.n.<bucket letter>.<record key>), which the
-// replica that writes a record publishes once the write succeeded, with
-// the revision and the value written; then it loads what the buckets hold
-// of the session (one filtered watch per bucket, its initial values only).
+// notifications (core NATS, <P>.n.<session token>.<bucket letter>[.<rest
+// of the key>]), which the replica that writes a record publishes once the
+// write succeeded, with the revision and the value written; then it loads
+// what the buckets hold of the session (the session record, and one
+// filtered watch per bucket of the others, its initial values only).
+// Tombstones are read from KV when asked for (tombstoneOf); admission
+// counts the zone's sessions from the sweeper's published tally
+// (tally.go).
 // A notification is applied like a watched entry: by revision, so a late
 // one never undoes a newer write. The connection does not echo: a replica
 // never receives its own.
@@ -35,14 +41,14 @@ import (
 // sweeper and readers did for watches cut off.
 //
 // The replica that sweeps needs the whole zone: while it holds the
-// sweeper lease, it watches the two buckets whole, as every replica used
+// sweeper lease, it watches the four buckets whole, as every replica used
 // to (fullWatch).
 
-// Notification subjects: <P>.n.t.<key> for stream records, <P>.n.l.<key>
-// for leases; keys begin with the session token.
+// Notification subjects name the bucket by a letter.
 const (
-	noteStreams = "t"
-	noteLeases  = "l"
+	noteSessions = "s"
+	noteStreams  = "t"
+	noteLeases   = "l"
 )
 
 // noteCap bounds the notifications received and not yet applied; past it
@@ -51,9 +57,10 @@ const (
 const noteCap = 1 << 16
 
 type interest struct {
-	mu    sync.Mutex
-	subs  map[string]*interestSub // by session token
-	notes chan *nats.Msg
+	fullMu sync.Mutex // orders fullWatch's transitions; no watch's reaction takes it
+	mu     sync.Mutex
+	subs   map[string]*interestSub // by session token
+	notes  chan *nats.Msg
 
 	full struct {
 		on     bool
@@ -69,8 +76,32 @@ type interestSub struct {
 	stale bool          // the load failed or notifications were lost: load again
 }
 
+// noteSubject is <P>.n.<session token>.<bucket>[.<rest of key>]: every
+// key begins with its session's token, so one subscription per session
+// takes all of it.
 func (st *Store) noteSubject(bucket, key string) string {
-	return st.opts.Prefix + ".n." + bucket + "." + key
+	sh, rest, ok := strings.Cut(key, ".")
+	if !ok {
+		return st.opts.Prefix + ".n." + sh + "." + bucket
+	}
+	return st.opts.Prefix + ".n." + sh + "." + bucket + "." + rest
+}
+
+// noteKey parses a notification subject: the bucket's letter and the key.
+func (st *Store) noteKey(subject string) (bucket, key string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, st.opts.Prefix+".n.")
+	if !ok {
+		return "", "", false
+	}
+	sh, rest, ok := strings.Cut(rest, ".")
+	if !ok {
+		return "", "", false
+	}
+	bucket, rest, more := strings.Cut(rest, ".")
+	if !more {
+		return bucket, sh, true
+	}
+	return bucket, sh + "." + rest, true
 }
 
 // notifier is a mirror's notify: it publishes a write of this replica to
@@ -108,7 +139,7 @@ func (st *Store) interestIn(sh string, load bool) {
 	in.subs[sh] = s
 	full := in.fullReady()
 	in.mu.Unlock()
-	sub, err := st.nc.ChanSubscribe(st.opts.Prefix+".n.*."+sh+".>", in.notes)
+	sub, err := st.nc.ChanSubscribe(st.opts.Prefix+".n."+sh+".>", in.notes)
 	in.mu.Lock()
 	if in.subs[sh] == s {
 		s.sub = sub
@@ -149,7 +180,8 @@ func (st *Store) dropInterest(sh string) {
 	delete(in.subs, sh)
 	if !in.full.on {
 		prefix := sh + "."
-		other := func(key string) bool { return !strings.HasPrefix(key, prefix) }
+		other := func(key string) bool { return key != sh && !strings.HasPrefix(key, prefix) }
+		st.sessions.forget(other)
 		st.streams.forget(other)
 		st.leases.forget(other)
 	}
@@ -180,6 +212,13 @@ func (st *Store) loadInterest(ctx context.Context, sh string, prune bool) error 
 		return err // the subscription must be in place before the values are read
 	}
 	onErr := func(err error) { st.fault("interest", err) }
+	if _, _, err := st.sessions.fetch(ctx, sh); errors.Is(err, errNotFound) {
+		if prune {
+			st.sessions.pruneUnseen(sh, nil, begun)
+		}
+	} else if err != nil {
+		return err
+	}
 	if err := loadKeys(ctx, st.streams, sh, begun, prune, onErr); err != nil {
 		return err
 	}
@@ -231,7 +270,7 @@ func (m *mirror[T]) pruneUnseen(prefix string, seen map[string]bool, begun int64
 	var list []gone
 	m.mu.RLock()
 	for k, e := range m.entries {
-		if e.val != nil && !seen[k] && e.seen < begun && strings.HasPrefix(k, prefix) {
+		if e.val != nil && !seen[k] && e.seen < begun && (k == prefix || strings.HasPrefix(k, prefix)) {
 			list = append(list, gone{k, e.rev})
 		}
 	}
@@ -245,20 +284,20 @@ func (m *mirror[T]) pruneUnseen(prefix string, seen map[string]bool, begun int64
 func (st *Store) applyNotes() {
 	defer st.wg.Done()
 	onErr := func(err error) { st.fault("interest", err) }
-	pre := st.opts.Prefix + ".n."
 	for {
 		select {
 		case <-st.ctx.Done():
 			return
 		case msg := <-st.interest.notes:
-			rest, ok := strings.CutPrefix(msg.Subject, pre)
-			bucket, key, ok2 := strings.Cut(rest, ".")
-			if !ok || !ok2 || len(msg.Data) < 9 || !st.interested(key) {
+			bucket, key, ok := st.noteKey(msg.Subject)
+			if !ok || len(msg.Data) < 9 || !st.interested(key) {
 				continue // malformed, or a session no longer served here
 			}
 			rev := binary.BigEndian.Uint64(msg.Data[1:9])
 			del := msg.Data[0] == 'd'
 			switch bucket {
+			case noteSessions:
+				applyNote(st.sessions, key, rev, del, msg.Data[9:], onErr)
 			case noteStreams:
 				applyNote(st.streams, key, rev, del, msg.Data[9:], onErr)
 			case noteLeases:
@@ -342,6 +381,7 @@ func (st *Store) interestLoop() {
 		if st.interest.fullOn() {
 			continue // the watch brings every expiry
 		}
+		st.forgetUninterested()
 		var keys []string
 		st.leases.each(func(key string, _ *leaseRecord, _ uint64) {
 			if !st.holds(key) {
@@ -376,19 +416,46 @@ func (in *interest) fullReady() bool {
 	return true
 }
 
-// fullWatch starts (on) or stops the watches of the streams and leases
-// buckets whole: the sweeping replica's. It reports whether they run and
-// have loaded. Stopped, the mirrors forget what is not of interest.
-func (st *Store) fullWatch(on bool) bool {
+// forgetUninterested drops what the mirrors hold of sessions this replica
+// does not serve: its own writes to them (a tombstone it wrote, a record a
+// sweep it ran wrote), which no notification keeps current.
+func (st *Store) forgetUninterested() {
 	in := &st.interest
 	in.mu.Lock()
 	defer in.mu.Unlock()
+	if in.full.on {
+		return
+	}
+	keep := func(key string) bool {
+		sh, _, _ := strings.Cut(key, ".")
+		return in.subs[sh] != nil
+	}
+	st.sessions.forget(keep)
+	st.streams.forget(keep)
+	st.leases.forget(keep)
+	st.tombs.forget(func(string) bool { return false })
+}
+
+// fullWatch starts (on) or stops the watches of the four buckets whole:
+// the sweeping replica's. It reports whether they run and have loaded.
+// Stopped, the mirrors forget what is not of interest. The watches' own
+// reactions take in.mu (a session's end drops its interest), so nothing
+// here waits for them while holding it: fullMu orders the transitions.
+func (st *Store) fullWatch(on bool) bool {
+	in := &st.interest
+	in.fullMu.Lock()
+	defer in.fullMu.Unlock()
+	in.mu.Lock()
+	cur := in.full.on
+	in.mu.Unlock()
 	switch {
-	case on && !in.full.on:
+	case on && !cur:
 		ctx, cancel := context.WithCancel(st.ctx)
 		onErr := func(err error) { st.fault("watch", err) }
 		var ready, done []<-chan struct{}
-		for _, w := range []func(context.Context, func(error)) (<-chan struct{}, <-chan struct{}, error){st.streams.watch, st.leases.watch} {
+		for _, w := range []func(context.Context, func(error)) (<-chan struct{}, <-chan struct{}, error){
+			st.sessions.watch, st.tombs.watch, st.streams.watch, st.leases.watch,
+		} {
 			r, d, err := w(ctx, onErr)
 			if err != nil {
 				cancel()
@@ -400,29 +467,75 @@ func (st *Store) fullWatch(on bool) bool {
 			}
 			ready, done = append(ready, r), append(done, d)
 		}
+		in.mu.Lock()
 		in.full.on, in.full.cancel, in.full.ready, in.full.done = true, cancel, ready, done
-	case !on && in.full.on:
-		in.stopFull()
+		in.mu.Unlock()
+	case !on && cur:
+		st.stopFull()
+		in.mu.Lock()
 		keep := func(key string) bool {
 			sh, _, _ := strings.Cut(key, ".")
 			return in.subs[sh] != nil
 		}
+		st.sessions.forget(keep)
 		st.streams.forget(keep)
 		st.leases.forget(keep)
+		st.tombs.forget(func(string) bool { return false })
+		in.mu.Unlock()
 	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
 	return in.fullReady()
 }
 
-// stopFull stops the whole-bucket watches; in.mu held.
-func (in *interest) stopFull() {
-	if !in.full.on {
-		return
+// awaitFullWatch starts the whole-bucket watches and waits until they have
+// loaded.
+func (st *Store) awaitFullWatch(ctx context.Context) error {
+	for round := 0; !st.fullWatch(true); round++ {
+		st.interest.mu.Lock()
+		ready := st.interest.full.ready
+		st.interest.mu.Unlock()
+		for _, r := range ready {
+			select {
+			case <-r:
+			case <-ctx.Done():
+				return fmt.Errorf("natsstore: watch: %w", ctx.Err())
+			}
+		}
+		if len(ready) == 0 && !sleepCtx(ctx, backoff(round)) {
+			return fmt.Errorf("natsstore: watch: %w", ctx.Err())
+		}
 	}
-	in.full.cancel()
-	for _, d := range in.full.done {
-		<-d
-	}
+	return nil
+}
+
+// stopFull stops the whole-bucket watches and waits until they have;
+// in.fullMu held, in.mu not.
+func (st *Store) stopFull() {
+	in := &st.interest
+	in.mu.Lock()
+	cancel, done := in.full.cancel, in.full.done
 	in.full.on, in.full.cancel, in.full.ready, in.full.done = false, nil, nil, nil
+	in.mu.Unlock()
+	if cancel != nil {
+		cancel()
+		for _, d := range done {
+			<-d
+		}
+	}
+}
+
+// read reads key from KV without keeping it (a miss: false).
+func (m *mirror[T]) read(ctx context.Context, key string) (*T, uint64, bool) {
+	e, err := m.kv.Get(ctx, key)
+	if err != nil {
+		return nil, 0, false
+	}
+	v := new(T)
+	if json.Unmarshal(e.Value(), v) != nil {
+		return nil, 0, false
+	}
+	return v, e.Revision(), true
 }
 
 // loadAll reads the whole bucket into m (a mirror of its own, unwatched):

@@ -62,6 +62,9 @@ type mirror[T any] struct {
 type written[T any] struct {
 	raw []byte
 	val *T
+	// done is the write's updateThen hook, once: run by whoever applies
+	// the write first, its acknowledgement or the watch bringing it back.
+	done func()
 }
 
 // goneEntry is a key deleted at a time: tidy's queue.
@@ -391,6 +394,9 @@ func (m *mirror[T]) applyRaw(key string, rev uint64, raw []byte, onErr func(erro
 		return // this replica's own write, applied when it succeeded: nothing to decode
 	}
 	if mine && bytes.Equal(w.raw, raw) {
+		if w.done != nil {
+			w.done() // what counts the change is counted before anyone here sees it
+		}
 		m.apply(key, rev, w.raw, w.val) // its own write, back before its acknowledgement
 		return
 	}
@@ -493,8 +499,13 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		if err != nil {
 			return nil, err
 		}
+		once := func() {}
+		if done != nil {
+			val := v
+			once = sync.OnceFunc(func() { done(val) })
+		}
 		m.mu.Lock()
-		m.writing[key] = written[T]{b, v}
+		m.writing[key] = written[T]{b, v, once}
 		m.mu.Unlock()
 		var nrev uint64
 		if m.write != nil {
@@ -508,9 +519,7 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		}
 		m.mu.Unlock()
 		if err == nil {
-			if done != nil {
-				done(v)
-			}
+			once()
 			m.written(key, nrev, b, v)
 			return v, nil
 		}

@@ -71,6 +71,7 @@ type Store struct {
 	kvStreams sync.Map              // bucket -> the stream under it (tidy purges markers there)
 	incs      incIndex              // per session incarnation, what calls ask of its streams
 	tally     sessionTally          // the sessions in the mirror, by origin (admission)
+	zone      zoneTally             // the sweeper's published tally, on the others (tally.go)
 	probeErr  atomic.Pointer[error] // why the last health probe failed; nil while it answers
 	bg        struct {
 		mu     sync.Mutex
@@ -145,6 +146,13 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if err := st.startMirrors(ctx); err != nil {
 		return nil, err
+	}
+	// A replica that finds no sweeper sweeps, and holds the zone's records,
+	// from the start: a lone replica is never without them.
+	if st.holdSweeper() {
+		if err := st.awaitFullWatch(ctx); err != nil {
+			return nil, err
+		}
 	}
 	st.wg.Add(5)
 	go st.renewLoop()
@@ -239,7 +247,7 @@ func (st *Store) provision(ctx context.Context) error {
 	st.leases.markerTTL = leaseMarkerTTL
 	// Stream records and leases: each replica holds those of the sessions
 	// it serves (interest.go), told of the others' writes by them.
-	st.streams.notify, st.leases.notify = st.notifier(noteStreams), st.notifier(noteLeases)
+	st.sessions.notify, st.streams.notify, st.leases.notify = st.notifier(noteSessions), st.notifier(noteStreams), st.notifier(noteLeases)
 	// A deleted record's marker goes by itself once every mirror may have
 	// forgotten the deletion (tidyAge): no purge request per deletion.
 	st.sessions.markerTTL, st.streams.markerTTL, st.tombs.markerTTL = recordMarkerTTL(), recordMarkerTTL(), recordMarkerTTL()
@@ -410,11 +418,9 @@ func (st *Store) startMirrors(ctx context.Context) error {
 			<-d
 		}
 	}
-	// Sessions and tombstones whole, on every replica; stream records and
-	// leases by interest (interest.go), whole on the sweeping replica.
-	for _, w := range []func(context.Context, func(error)) (<-chan struct{}, <-chan struct{}, error){
-		st.sessions.watch, st.tombs.watch,
-	} {
+	// None on every replica: the records of the sessions a replica serves
+	// come with its interest, the zone's to the sweeper (interest.go).
+	for _, w := range []func(context.Context, func(error)) (<-chan struct{}, <-chan struct{}, error){} {
 		var r, d <-chan struct{}
 		err := provisioning(ctx, func(context.Context) (err error) {
 			r, d, err = w(wctx, onErr)
@@ -448,9 +454,9 @@ func (st *Store) stopMirrors() {
 	if stop != nil {
 		stop()
 	}
-	st.interest.mu.Lock()
-	st.interest.stopFull() // the sweeper starts it again
-	st.interest.mu.Unlock()
+	st.interest.fullMu.Lock()
+	st.stopFull() // the sweeper starts it again
+	st.interest.fullMu.Unlock()
 }
 
 // MaxPayload is the most event bytes one message takes: a larger event is

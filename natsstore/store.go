@@ -38,7 +38,12 @@ func (st *Store) sessionRecord(id string) (*sessionRecord, uint64, bool) {
 
 // sessionCounts counts the zone's sessions as admission needs them.
 func (st *Store) sessionCounts() policy.SessionCounts {
-	c := st.tally.counts()
+	var c policy.SessionCounts
+	if st.interest.fullOn() {
+		c = st.tally.counts() // the sessions mirror holds the zone's
+	} else {
+		c, _ = st.zone.counts() // tally.go
+	}
 	c.MaxSessions = st.Limits().MaxSessions
 	return c
 }
@@ -136,7 +141,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 		Fingerprint: meta.Fingerprint[:], Bind: meta.Bind, Endpoint: meta.Endpoint, Origin: meta.Origin,
 		Created: now, LastActive: now, NextStream: 1}
 	rec.setCredential(meta.Credential)
-	tomb, tombRev, hasTomb := st.tombs.lookup(ctx, sh)
+	tomb, tombRev, hasTomb := st.tombstoneOf(ctx, sh)
 	if hasTomb && tomb.ID == id {
 		rec.Past = append([]buffer.Past{tomb.Past}, tomb.Earlier...)
 		if len(rec.Past) > maxPast {
@@ -157,6 +162,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 		st.fault("create_session", err)
 		return nil, err
 	}
+	st.zone.changed(rec, 1)
 	if hasTomb && tomb.ID == id {
 		if err := st.tombs.remove(ctx, sh, tombRev); err != nil && !isWrongLast(err) {
 			st.fault("tombstone", err) // consumed anyway: it expires with its TTL
@@ -207,11 +213,22 @@ func (st *Store) Session(id string) (buffer.Session, bool) {
 func (st *Store) Tombstone(id string) (buffer.Tombstone, bool) {
 	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
 	defer cancel()
-	t, _, ok := st.tombs.lookup(ctx, sessionToken(id))
+	t, _, ok := st.tombstoneOf(ctx, sessionToken(id))
 	if !ok || t.ID != id || time.Since(t.Ended) >= st.opts.TombstoneTTL {
 		return buffer.Tombstone{}, false
 	}
 	return t.Tombstone, true
+}
+
+// tombstoneOf reads the tombstone of session token sh: from the mirror on
+// the sweeping replica, which watches the bucket whole (reading through
+// on a miss: the watch of sessions is not ordered with it), else from KV,
+// not kept (no watch would keep it current).
+func (st *Store) tombstoneOf(ctx context.Context, sh string) (*tombRecord, uint64, bool) {
+	if st.interest.fullOn() {
+		return st.tombs.lookup(ctx, sh)
+	}
+	return st.tombs.read(ctx, sh)
 }
 
 // Delete implements buffer.Store. The tombstone is written first, so at
@@ -264,6 +281,7 @@ func (st *Store) Delete(id string, reason policy.Reason) bool {
 	for i := 0; i < end.failed; i++ {
 		st.counters.AddFailed(reason)
 	}
+	st.zone.changed(rec, -1)
 	st.dropTombstones(ctx)
 	if h != nil && h.epoch != rec.Epoch {
 		h = nil
@@ -371,8 +389,8 @@ func (st *Store) clearIncarnation(ctx context.Context, inc string, keys, leases 
 // counting each: they went before their time.
 func (st *Store) dropTombstones(ctx context.Context) {
 	bound := st.opts.maxTombstones(st.Limits())
-	if st.tombs.count() <= bound {
-		return
+	if !st.interest.fullOn() || st.tombs.count() <= bound {
+		return // the sweeping replica holds the zone's tombstones, and bounds them
 	}
 	type tomb struct {
 		key   string
@@ -408,19 +426,22 @@ func (st *Store) SessionInfo(id string) (buffer.SessionInfo, bool) {
 // it serves only: it reads the zone's for the list (one watch's initial
 // values), an operator's request, not a call's.
 func (st *Store) Sessions() []buffer.SessionInfo {
-	recs := st.streams
+	sessions, recs := st.sessions, st.streams
 	if !st.interest.fullOn() {
 		ctx, cancel := st.opCtx()
 		defer cancel()
+		allSessions := newMirror[sessionRecord](st.sessions.kv, nil, nil)
 		all := newMirror[streamRecord](st.streams.kv, incarnationOf, nil)
-		if err := all.loadAll(ctx); err != nil {
+		if err := allSessions.loadAll(ctx); err != nil {
 			st.fault("sessions", err) // the records this replica holds, then
+		} else if err := all.loadAll(ctx); err != nil {
+			st.fault("sessions", err)
 		} else {
-			recs = all
+			sessions, recs = allSessions, all
 		}
 	}
 	var out []buffer.SessionInfo
-	st.sessions.each(func(_ string, r *sessionRecord, _ uint64) {
+	sessions.each(func(_ string, r *sessionRecord, _ uint64) {
 		out = append(out, st.sessionInfoFrom(r, recs))
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Created.Before(out[j].Created) })
@@ -428,15 +449,21 @@ func (st *Store) Sessions() []buffer.SessionInfo {
 }
 
 // Stats implements buffer.Inspector. Sessions and tombstones are the
-// zone's (the same on every replica); streams, retained bytes and
-// connections too on the sweeping replica, which holds every stream
-// record, and those of the sessions it serves on the others (interest.go);
+// zone's (on a replica that does not sweep, as the sweeper last published
+// them: tally.go); streams, retained bytes and connections too on the
+// sweeping replica, which holds every record, and those of the sessions
+// it serves on the others (interest.go);
 // Producing, Detached and StalledStreams are this replica's, since each
 // replica reports the upstream reads it does itself.
 func (st *Store) Stats() buffer.Stats {
 	var out buffer.Stats
 	now := time.Now()
-	out.Sessions = st.sessions.count()
+	full := st.interest.fullOn()
+	c, tombs := st.zone.counts()
+	if full {
+		c, tombs = st.tally.counts(), st.tombs.count()
+	}
+	out.Sessions = c.Sessions + c.Adopted + c.Untapped
 	st.streams.each(func(key string, r *streamRecord, _ uint64) {
 		if !r.Opened {
 			return
@@ -460,7 +487,7 @@ func (st *Store) Stats() buffer.Stats {
 			}
 		}
 	}
-	out.Tombstones = st.tombs.count()
+	out.Tombstones = tombs
 	return out
 }
 

@@ -31,8 +31,12 @@ func (st *Store) sweepLoop() {
 		// what they serve (interest.go).
 		whole := st.fullWatch(sweeper)
 		st.tidy(sweeper)
-		if sweeper && whole {
+		switch {
+		case sweeper && whole:
 			st.sweep(time.Now())
+			st.publishTally()
+		case !sweeper:
+			st.readTally()
 		}
 	}
 }
