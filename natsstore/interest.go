@@ -139,6 +139,10 @@ func (st *Store) interestIn(sh string, load bool) {
 	in.subs[sh] = s
 	full := in.fullReady()
 	in.mu.Unlock()
+	if st.srv != nil {
+		close(s.ready) // an embedded server of its own: no other replica writes
+		return
+	}
 	sub, err := st.nc.ChanSubscribe(st.opts.Prefix+".n."+sh+".>", in.notes)
 	in.mu.Lock()
 	if in.subs[sh] == s {

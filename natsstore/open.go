@@ -247,7 +247,11 @@ func (st *Store) provision(ctx context.Context) error {
 	st.leases.markerTTL = leaseMarkerTTL
 	// Stream records and leases: each replica holds those of the sessions
 	// it serves (interest.go), told of the others' writes by them.
-	st.sessions.notify, st.streams.notify, st.leases.notify = st.notifier(noteSessions), st.notifier(noteStreams), st.notifier(noteLeases)
+	if st.srv == nil {
+		// An embedded server of its own (Options.Embedded) listens on no
+		// port: no other replica can write the zone, or hear of it.
+		st.sessions.notify, st.streams.notify, st.leases.notify = st.notifier(noteSessions), st.notifier(noteStreams), st.notifier(noteLeases)
+	}
 	// A deleted record's marker goes by itself once every mirror may have
 	// forgotten the deletion (tidyAge): no purge request per deletion.
 	st.sessions.markerTTL, st.streams.markerTTL, st.tombs.markerTTL = recordMarkerTTL(), recordMarkerTTL(), recordMarkerTTL()
