@@ -62,9 +62,11 @@ type mirror[T any] struct {
 type written[T any] struct {
 	raw []byte
 	val *T
-	// done is the write's updateThen hook, once: run by whoever applies
-	// the write first, its acknowledgement or the watch bringing it back.
-	done func()
+	// counts: the write has an updateThen hook (what counts the change),
+	// which must run before the mirror shows the change: its own
+	// acknowledgement applies it, not a watch that brings it back first
+	// (nor another replica's identical write).
+	counts bool
 }
 
 // goneEntry is a key deleted at a time: tidy's queue.
@@ -394,8 +396,8 @@ func (m *mirror[T]) applyRaw(key string, rev uint64, raw []byte, onErr func(erro
 		return // this replica's own write, applied when it succeeded: nothing to decode
 	}
 	if mine && bytes.Equal(w.raw, raw) {
-		if w.done != nil {
-			w.done() // what counts the change is counted before anyone here sees it
+		if w.counts {
+			return // its acknowledgement applies it, once what counts it has
 		}
 		m.apply(key, rev, w.raw, w.val) // its own write, back before its acknowledgement
 		return
@@ -499,13 +501,8 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		if err != nil {
 			return nil, err
 		}
-		once := func() {}
-		if done != nil {
-			val := v
-			once = sync.OnceFunc(func() { done(val) })
-		}
 		m.mu.Lock()
-		m.writing[key] = written[T]{b, v, once}
+		m.writing[key] = written[T]{b, v, done != nil}
 		m.mu.Unlock()
 		var nrev uint64
 		if m.write != nil {
@@ -519,7 +516,9 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		}
 		m.mu.Unlock()
 		if err == nil {
-			once()
+			if done != nil {
+				done(v)
+			}
 			m.written(key, nrev, b, v)
 			return v, nil
 		}
