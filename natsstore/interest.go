@@ -398,6 +398,14 @@ func (st *Store) interestLoop() {
 	}
 }
 
+// whole reports whether the mirrors hold the zone's every record: the
+// whole-bucket watches run and have loaded.
+func (in *interest) whole() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.fullReady()
+}
+
 func (in *interest) fullOn() bool {
 	in.mu.Lock()
 	defer in.mu.Unlock()

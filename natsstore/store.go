@@ -39,7 +39,7 @@ func (st *Store) sessionRecord(id string) (*sessionRecord, uint64, bool) {
 // sessionCounts counts the zone's sessions as admission needs them.
 func (st *Store) sessionCounts() policy.SessionCounts {
 	var c policy.SessionCounts
-	if st.interest.fullOn() {
+	if st.interest.whole() {
 		c = st.tally.counts() // the sessions mirror holds the zone's
 	} else {
 		c, _ = st.zone.counts() // tally.go
@@ -225,7 +225,7 @@ func (st *Store) Tombstone(id string) (buffer.Tombstone, bool) {
 // on a miss: the watch of sessions is not ordered with it), else from KV,
 // not kept (no watch would keep it current).
 func (st *Store) tombstoneOf(ctx context.Context, sh string) (*tombRecord, uint64, bool) {
-	if st.interest.fullOn() {
+	if st.interest.whole() {
 		return st.tombs.lookup(ctx, sh)
 	}
 	return st.tombs.read(ctx, sh)
@@ -389,7 +389,7 @@ func (st *Store) clearIncarnation(ctx context.Context, inc string, keys, leases 
 // counting each: they went before their time.
 func (st *Store) dropTombstones(ctx context.Context) {
 	bound := st.opts.maxTombstones(st.Limits())
-	if !st.interest.fullOn() || st.tombs.count() <= bound {
+	if !st.interest.whole() || st.tombs.count() <= bound {
 		return // the sweeping replica holds the zone's tombstones, and bounds them
 	}
 	type tomb struct {
@@ -427,7 +427,7 @@ func (st *Store) SessionInfo(id string) (buffer.SessionInfo, bool) {
 // values), an operator's request, not a call's.
 func (st *Store) Sessions() []buffer.SessionInfo {
 	sessions, recs := st.sessions, st.streams
-	if !st.interest.fullOn() {
+	if !st.interest.whole() {
 		ctx, cancel := st.opCtx()
 		defer cancel()
 		allSessions := newMirror[sessionRecord](st.sessions.kv, nil, nil)
@@ -458,7 +458,7 @@ func (st *Store) Sessions() []buffer.SessionInfo {
 func (st *Store) Stats() buffer.Stats {
 	var out buffer.Stats
 	now := time.Now()
-	full := st.interest.fullOn()
+	full := st.interest.whole()
 	c, tombs := st.zone.counts()
 	if full {
 		c, tombs = st.tally.counts(), st.tombs.count()
