@@ -493,6 +493,11 @@ func (st *Store) fullWatch(on bool) bool {
 		st.streams.forget(keep)
 		st.leases.forget(keep)
 		st.tombs.forget(func(string) bool { return false })
+		// What the watches brought last may lag a write a moment: the
+		// interests are loaded again (interestLoop), now on their own.
+		for _, s := range in.subs {
+			s.stale = true
+		}
 		in.mu.Unlock()
 	}
 	in.mu.Lock()
@@ -558,4 +563,50 @@ func (m *mirror[T]) loadAll(ctx context.Context) error {
 		return err
 	}
 	return initialValues(ctx, w, func(e jetstream.KeyValueEntry) { m.take(e, func(error) {}) })
+}
+
+// renotifier is a mirror's unsure: once a write's outcome was unknown for
+// a while, it tells the interested replicas what the bucket holds at the
+// key now, whoever wrote it (a write stored while its acknowledgement was
+// lost was never notified). Receivers apply it by revision, so telling
+// twice does no harm.
+func (st *Store) renotifier(kvBucket string, m func(key string, rev uint64, raw []byte)) func(key string) {
+	return func(key string) {
+		st.spawn(func() {
+			kv, err := st.kvStream(kvBucket)
+			if err != nil {
+				return
+			}
+			ctx, cancel := st.opCtx()
+			defer cancel()
+			msg, err := kv.GetLastMsgForSubject(ctx, "$KV."+kvBucket+"."+key)
+			if err != nil {
+				return // never written, or its marker went: nothing to tell
+			}
+			if msg.Header.Get("KV-Operation") != "" || msg.Header.Get(jetstream.MarkerReasonHeader) != "" {
+				m(key, msg.Sequence, nil)
+				return
+			}
+			m(key, msg.Sequence, msg.Data)
+		})
+	}
+}
+
+// resyncSubject is where a replica that reconnected to NATS asks the
+// others to load their interests again: notifications it wrote while
+// cut off (or whose writes were stored while their acknowledgements were
+// lost) may never have reached them. A session token is hex: it never
+// names this subject.
+func (st *Store) resyncSubject() string { return st.opts.Prefix + ".n._resync" }
+
+// reconnected is the connection's reconnect handler.
+func (st *Store) reconnected() {
+	st.spawn(func() {
+		if st.srv == nil {
+			if err := st.nc.Publish(st.resyncSubject(), nil); err != nil {
+				st.fault("notify", err)
+			}
+		}
+		st.reloadInterests(true)
+	})
 }

@@ -22,7 +22,7 @@ import (
 type ackCutter struct {
 	ln      net.Listener
 	target  string
-	trigger atomic.Pointer[[]byte]
+	trigger atomic.Pointer[[][]byte]
 	fired   atomic.Bool
 	mu      sync.Mutex
 	conns   []net.Conn
@@ -49,7 +49,24 @@ func newAckCutter(t *testing.T, target string) *ackCutter {
 
 func (r *ackCutter) addr() string { return r.ln.Addr().String() }
 
-func (r *ackCutter) arm(trigger string) { b := []byte(trigger); r.trigger.Store(&b) }
+// arm makes the next client message holding every one of parts the one
+// whose acknowledgement is lost.
+func (r *ackCutter) arm(parts ...string) {
+	var bs [][]byte
+	for _, p := range parts {
+		bs = append(bs, []byte(p))
+	}
+	r.trigger.Store(&bs)
+}
+
+func containsAll(b []byte, parts [][]byte) bool {
+	for _, p := range parts {
+		if !bytes.Contains(b, p) {
+			return false
+		}
+	}
+	return true
+}
 
 func (r *ackCutter) serve() {
 	for {
@@ -90,7 +107,7 @@ func (r *ackCutter) serve() {
 					chunk := buf[:n]
 					if tr := r.trigger.Load(); tr != nil && !r.fired.Load() {
 						look := append(tail, chunk...)
-						if bytes.Contains(look, *tr) && r.fired.CompareAndSwap(false, true) {
+						if containsAll(look, *tr) && r.fired.CompareAndSwap(false, true) {
 							mute.Store(true) // nothing more reaches the client: the ack is lost
 							up.Write(chunk)
 							go func() {
@@ -100,8 +117,8 @@ func (r *ackCutter) serve() {
 							}()
 							continue
 						}
-						if len(look) > 256 {
-							look = look[len(look)-256:]
+						if len(look) > 4096 {
+							look = look[len(look)-4096:]
 						}
 						tail = append(tail[:0], look...)
 					}

@@ -37,6 +37,11 @@ type mirror[T any] struct {
 	// marker's revision): the replicas interested in the key learn of it
 	// from the store (interest.go), not from a watch of the whole bucket.
 	notify func(key string, rev uint64, raw []byte)
+	// unsure, if set, is told of a write whose outcome was unknown for a
+	// while (an attempt failed other than by compare-and-set: a timeout,
+	// a lost connection): it may have been stored without this replica
+	// learning it, so without a notification (interest.go renotifies).
+	unsure func(key string)
 	// index, if set, is told of every applied change with the value it
 	// replaces (nil: none), under the mirror's lock and in revision order:
 	// it must be quick and use no mirror.
@@ -462,6 +467,8 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 // before this replica's mirror shows it: what counts the change (eviction)
 // is counted before anyone here can see it happened.
 func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) error, done func(*T)) (*T, error) {
+	ambiguous := false
+	defer m.settle(key, &ambiguous)
 	m.mu.RLock()
 	e := m.entries[key]
 	var raw []byte
@@ -523,6 +530,7 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 			return v, nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLast(err) {
+			ambiguous = true
 			if !transient(err) || round >= maxCASRounds {
 				return nil, err
 			}
@@ -564,6 +572,8 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 	if err != nil {
 		return 0, err
 	}
+	ambiguous := false
+	defer m.settle(key, &ambiguous)
 	for round := 0; ; round++ {
 		var rev uint64
 		var err error
@@ -580,7 +590,11 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 			m.written(key, rev, b, v)
 			return rev, nil
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || !transient(err) || round >= 20 {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, err
+		}
+		ambiguous = true
+		if !transient(err) || round >= 20 {
 			return 0, err
 		}
 		if !sleepCtx(ctx, backoff(round)) {
@@ -599,6 +613,8 @@ func (m *mirror[T]) createWithTTL(ctx context.Context, key string, v *T, ttl tim
 	if err != nil {
 		return 0, err
 	}
+	ambiguous := false
+	defer m.settle(key, &ambiguous)
 	for round := 0; ; round++ {
 		rev, err := m.createTTL(ctx, key, b, ttl)
 		if isWrongLast(err) {
@@ -610,7 +626,11 @@ func (m *mirror[T]) createWithTTL(ctx context.Context, key string, v *T, ttl tim
 			m.written(key, rev, b, v)
 			return rev, nil
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) || !transient(err) || round >= 20 {
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return 0, err
+		}
+		ambiguous = true
+		if !transient(err) || round >= 20 {
 			return 0, err
 		}
 		if !sleepCtx(ctx, backoff(round)) {
@@ -625,12 +645,15 @@ func (m *mirror[T]) put(ctx context.Context, key string, v *T) error {
 	if err != nil {
 		return err
 	}
+	ambiguous := false
+	defer m.settle(key, &ambiguous)
 	for round := 0; ; round++ {
 		rev, err := m.kv.Put(ctx, key, b)
 		if err == nil {
 			m.written(key, rev, b, v)
 			return nil
 		}
+		ambiguous = true
 		if !transient(err) || round >= 20 {
 			return err
 		}
@@ -653,6 +676,8 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 	if m.markerTTL > 0 {
 		opts = append(opts, jetstream.PurgeTTL(m.markerTTL))
 	}
+	ambiguous := false
+	defer m.settle(key, &ambiguous)
 	for round := 0; ; round++ {
 		var err error
 		var marker uint64 // the marker's revision, where the write tells it
@@ -670,12 +695,22 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 			}
 			return nil
 		}
+		if !isWrongLast(err) {
+			ambiguous = true
+		}
 		if !transient(err) || round >= 20 {
 			return err
 		}
 		if !sleepCtx(ctx, backoff(round)) {
 			return ctx.Err()
 		}
+	}
+}
+
+// settle tells unsure of key if a write of it had an unknown outcome.
+func (m *mirror[T]) settle(key string, ambiguous *bool) {
+	if *ambiguous && m.unsure != nil {
+		m.unsure(key)
 	}
 }
 

@@ -147,6 +147,19 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	if err := st.startMirrors(ctx); err != nil {
 		return nil, err
 	}
+	if st.srv == nil {
+		// Another replica that reconnected asks for every interest to be
+		// loaded again (interest.go).
+		if _, err := st.nc.Subscribe(st.resyncSubject(), func(*nats.Msg) {
+			st.spawn(func() { st.reloadInterests(true) })
+		}); err != nil {
+			return nil, fmt.Errorf("natsstore: subscribe: %w", err)
+		}
+		// Other replicas' session creations and deletions (tally.go).
+		if _, err := st.nc.Subscribe(st.tallySubject(), st.tallyNoted); err != nil {
+			return nil, fmt.Errorf("natsstore: subscribe: %w", err)
+		}
+	}
 	// A replica that finds no sweeper sweeps, and holds the zone's records,
 	// from the start: a lone replica is never without them.
 	if st.holdSweeper() {
@@ -183,7 +196,7 @@ func (st *Store) connect() error {
 		nats.NoEcho(),
 		// Notifications sent while the connection was down are lost:
 		// every interest is loaded again.
-		nats.ReconnectHandler(func(*nats.Conn) { st.spawn(func() { st.reloadInterests(true) }) }),
+		nats.ReconnectHandler(func(*nats.Conn) { st.reconnected() }),
 	}
 	switch {
 	case o.Server != nil:
@@ -251,6 +264,9 @@ func (st *Store) provision(ctx context.Context) error {
 		// An embedded server of its own (Options.Embedded) listens on no
 		// port: no other replica can write the zone, or hear of it.
 		st.sessions.notify, st.streams.notify, st.leases.notify = st.notifier(noteSessions), st.notifier(noteStreams), st.notifier(noteLeases)
+		st.sessions.unsure = st.renotifier(st.names.sessions, st.sessions.notify)
+		st.streams.unsure = st.renotifier(st.names.streams, st.streams.notify)
+		st.leases.unsure = st.renotifier(st.names.leases, st.leases.notify)
 	}
 	// A deleted record's marker goes by itself once every mirror may have
 	// forgotten the deletion (tidyAge): no purge request per deletion.

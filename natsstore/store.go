@@ -162,7 +162,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 		st.fault("create_session", err)
 		return nil, err
 	}
-	st.zone.changed(rec, 1)
+	st.tallyChanged(rec, 1)
 	if hasTomb && tomb.ID == id {
 		if err := st.tombs.remove(ctx, sh, tombRev); err != nil && !isWrongLast(err) {
 			st.fault("tombstone", err) // consumed anyway: it expires with its TTL
@@ -281,7 +281,7 @@ func (st *Store) Delete(id string, reason policy.Reason) bool {
 	for i := 0; i < end.failed; i++ {
 		st.counters.AddFailed(reason)
 	}
-	st.zone.changed(rec, -1)
+	st.tallyChanged(rec, -1)
 	st.dropTombstones(ctx)
 	if h != nil && h.epoch != rec.Epoch {
 		h = nil

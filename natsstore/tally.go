@@ -2,9 +2,12 @@ package natsstore
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"sync"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
@@ -13,10 +16,12 @@ import (
 // sessions it serves only (interest.go), so the sweeper, which watches the
 // sessions and tombstones buckets whole, publishes its tally (META key
 // "tally") each sweep it changed, and the others read it each sweep
-// interval. Admission adds what this replica created and deleted since the
-// tally was taken: the counts lag other replicas' creations and deletions
-// by a sweep interval or two (two replicas may admit the last place at
-// once, as before).
+// interval. Every replica also tells the others of each session it creates
+// or deletes (core NATS, <P>.n._tally: a few bytes, nothing to decode), and
+// admission adds the creations and deletions made since the tally was
+// taken, on any replica: the counts lag only by the notification's transit
+// (two replicas may admit the last place at once, as before). A change
+// notice core NATS drops is counted once the next tally includes it.
 
 const tallyKey = "tally"
 
@@ -32,7 +37,7 @@ type zoneTally struct {
 	mu        sync.Mutex
 	read      publishedTally
 	published publishedTally // the sweeper's: what it last wrote
-	local     []tallyChange  // this replica's creations (+1) and deletions (-1)
+	local     []tallyChange  // the zone's creations (+1) and deletions (-1) since the reading, as told
 }
 
 type tallyChange struct {
@@ -41,10 +46,34 @@ type tallyChange struct {
 	delta int64
 }
 
-// changed counts a creation or deletion made here.
-func (z *zoneTally) changed(r *sessionRecord, delta int64) {
+// changed counts a creation or deletion made here, and tells the others.
+func (st *Store) tallyChanged(r *sessionRecord, delta int64) {
+	c := tallyChange{time.Now().UnixNano(), tallySlot(r), delta}
+	st.zone.add(c)
+	if st.srv != nil {
+		return // an embedded server of its own: no other replica
+	}
+	b := make([]byte, 10)
+	b[0], b[1] = byte(c.slot), byte(delta+1) // delta +1 or -1: 2 or 0
+	binary.BigEndian.PutUint64(b[2:], uint64(c.at))
+	if err := st.nc.Publish(st.tallySubject(), b); err != nil {
+		st.fault("notify", err)
+	}
+}
+
+func (st *Store) tallySubject() string { return st.opts.Prefix + ".n._tally" }
+
+// tallyNoted takes another replica's notice of a creation or deletion.
+func (st *Store) tallyNoted(m *nats.Msg) {
+	if len(m.Data) != 10 || m.Data[0] > 2 || m.Data[1] != 0 && m.Data[1] != 2 {
+		return
+	}
+	st.zone.add(tallyChange{int64(binary.BigEndian.Uint64(m.Data[2:])), int(m.Data[0]), int64(m.Data[1]) - 1})
+}
+
+func (z *zoneTally) add(c tallyChange) {
 	z.mu.Lock()
-	z.local = append(z.local, tallyChange{time.Now().UnixNano(), tallySlot(r), delta})
+	z.local = append(z.local, c)
 	z.mu.Unlock()
 }
 
@@ -74,6 +103,7 @@ func (st *Store) publishTally() {
 	c := st.tally.counts()
 	t := publishedTally{Counts: [3]int64{int64(c.Sessions), int64(c.Adopted), int64(c.Untapped)}, Tombs: st.tombs.count(), At: time.Now().UnixNano()}
 	z := &st.zone
+	defer z.counts() // forgets the changes told before the tally it published
 	z.mu.Lock()
 	same := z.published.Counts == t.Counts && z.published.Tombs == t.Tombs && time.Duration(t.At-z.published.At) < 10*time.Second
 	z.mu.Unlock()
@@ -88,7 +118,7 @@ func (st *Store) publishTally() {
 		return
 	}
 	z.mu.Lock()
-	z.published = t
+	z.published, z.read = t, t
 	z.mu.Unlock()
 }
 
@@ -109,4 +139,5 @@ func (st *Store) readTally() {
 		st.zone.read = t
 	}
 	st.zone.mu.Unlock()
+	st.zone.counts() // forgets the changes the reading includes
 }
