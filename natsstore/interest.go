@@ -215,6 +215,12 @@ func (st *Store) loadInterest(ctx context.Context, sh string, prune bool) error 
 	if err := st.nc.FlushWithContext(ctx); err != nil {
 		return err // the subscription must be in place before the values are read
 	}
+	if prune && !st.zoneIntact(ctx) {
+		// NATS may have lost the zone's data: what the mirrors hold and KV
+		// does not is the recovery's to tombstone (recover.go), not a
+		// deletion to apply. Loaded again later.
+		return errZoneUnsure
+	}
 	onErr := func(err error) { st.fault("interest", err) }
 	if _, _, err := st.sessions.fetch(ctx, sh); errors.Is(err, errNotFound) {
 		if prune {
@@ -227,6 +233,20 @@ func (st *Store) loadInterest(ctx context.Context, sh string, prune bool) error 
 		return err
 	}
 	return loadKeys(ctx, st.leases, sh, begun, prune, onErr)
+}
+
+// errZoneUnsure: a load found the zone's mark missing or changed.
+var errZoneUnsure = errors.New("natsstore: the zone's mark is not the one this replica holds")
+
+// zoneIntact reports whether the zone's mark is the one this replica holds:
+// NATS has not lost the zone's data since (or this replica has recovered).
+func (st *Store) zoneIntact(ctx context.Context) bool {
+	mark := st.mark.Load()
+	if mark == nil {
+		return false
+	}
+	e, err := st.meta.Get(ctx, zoneKey)
+	return err == nil && string(e.Value()) == *mark
 }
 
 func loadKeys[T any](ctx context.Context, m *mirror[T], sh string, begun int64, prune bool, onErr func(error)) error {
