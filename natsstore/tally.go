@@ -16,12 +16,17 @@ import (
 // sessions it serves only (interest.go), so the sweeper, which watches the
 // sessions and tombstones buckets whole, publishes its tally (META key
 // "tally") each sweep it changed, and the others read it each sweep
-// interval. Every replica also tells the others of each session it creates
-// or deletes (core NATS, <P>.n._tally: a few bytes, nothing to decode), and
-// admission adds the creations and deletions made since the tally was
-// taken, on any replica: the counts lag only by the notification's transit
-// (two replicas may admit the last place at once, as before). A change
-// notice core NATS drops is counted once the next tally includes it.
+// interval. Once a count is within half its bound (or 64 sessions) of it,
+// every replica also tells the others of each session of that origin it
+// creates or deletes (core NATS, <P>.n._tally: a few bytes, nothing to
+// decode), and admission adds the creations and deletions made since the
+// tally was taken, on any replica: near the bound the counts lag only by
+// the notice's transit (two replicas may admit the last place at once, as
+// before). Far from it, the replicas pay nothing per session (a notice
+// wakes an idle replica: ~25 µs each, 3-5% of the serving replica's CPU in
+// session churn), and passing the bound would take more than half of it
+// (and 64) created within a tally's lag. A notice core NATS drops is
+// counted once the next tally includes it.
 
 const tallyKey = "tally"
 
@@ -50,8 +55,8 @@ type tallyChange struct {
 func (st *Store) tallyChanged(r *sessionRecord, delta int64) {
 	c := tallyChange{time.Now().UnixNano(), tallySlot(r), delta}
 	st.zone.add(c)
-	if st.srv != nil {
-		return // an embedded server of its own: no other replica
+	if st.srv != nil || !nearBound(st.sessionCounts(), c.slot) {
+		return // an embedded server of its own (no other replica), or far from the bound
 	}
 	b := make([]byte, 10)
 	b[0], b[1] = byte(c.slot), byte(delta+1) // delta +1 or -1: 2 or 0
@@ -59,6 +64,22 @@ func (st *Store) tallyChanged(r *sessionRecord, delta int64) {
 	if err := st.nc.Publish(st.tallySubject(), b); err != nil {
 		st.fault("notify", err)
 	}
+}
+
+// nearBound reports whether the count of slot (tallySlot) is within half
+// its bound (policy.AdmitSession's), or 64 sessions, of it.
+func nearBound(c policy.SessionCounts, slot int) bool {
+	if c.MaxSessions <= 0 {
+		return false
+	}
+	n, bound := c.Sessions, c.MaxSessions
+	switch slot {
+	case 1:
+		n, bound = c.Adopted, max(c.MaxSessions/policy.AdoptedFraction, 1)
+	case 2:
+		n = c.Untapped
+	}
+	return n+max(bound/2, 64) >= bound
 }
 
 func (st *Store) tallySubject() string { return st.opts.Prefix + ".n._tally" }
