@@ -455,12 +455,17 @@ func (st *Store) forgetUninterested() {
 	in := &st.interest
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.full.on {
-		return
+	if !in.full.on {
+		st.keepInterestsOnly()
 	}
+}
+
+// keepInterestsOnly makes the mirrors forget what is not of interest; in.mu
+// held.
+func (st *Store) keepInterestsOnly() {
 	keep := func(key string) bool {
 		sh, _, _ := strings.Cut(key, ".")
-		return in.subs[sh] != nil
+		return st.interest.subs[sh] != nil
 	}
 	st.sessions.forget(keep)
 	st.streams.forget(keep)
@@ -505,14 +510,7 @@ func (st *Store) fullWatch(on bool) bool {
 	case !on && cur:
 		st.stopFull()
 		in.mu.Lock()
-		keep := func(key string) bool {
-			sh, _, _ := strings.Cut(key, ".")
-			return in.subs[sh] != nil
-		}
-		st.sessions.forget(keep)
-		st.streams.forget(keep)
-		st.leases.forget(keep)
-		st.tombs.forget(func(string) bool { return false })
+		st.keepInterestsOnly()
 		// What the watches brought last may lag a write a moment: the
 		// interests are loaded again (interestLoop), now on their own.
 		for _, s := range in.subs {
@@ -564,15 +562,21 @@ func (st *Store) stopFull() {
 
 // read reads key from KV without keeping it (a miss: false).
 func (m *mirror[T]) read(ctx context.Context, key string) (*T, uint64, bool) {
+	v, rev, _, ok := m.readRaw(ctx, key)
+	return v, rev, ok
+}
+
+// readRaw is read, with the value as stored.
+func (m *mirror[T]) readRaw(ctx context.Context, key string) (*T, uint64, []byte, bool) {
 	e, err := m.kv.Get(ctx, key)
 	if err != nil {
-		return nil, 0, false
+		return nil, 0, nil, false
 	}
 	v := new(T)
 	if json.Unmarshal(e.Value(), v) != nil {
-		return nil, 0, false
+		return nil, 0, nil, false
 	}
-	return v, e.Revision(), true
+	return v, e.Revision(), e.Value(), true
 }
 
 // loadAll reads the whole bucket into m (a mirror of its own, unwatched):

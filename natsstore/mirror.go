@@ -120,15 +120,11 @@ func (m *mirror[T]) lookup(ctx context.Context, key string) (*T, uint64, bool) {
 	if v, rev, ok := m.get(key); ok {
 		return v, rev, ok
 	}
-	e, err := m.kv.Get(ctx, key)
-	if err != nil {
+	v, rev, raw, ok := m.readRaw(ctx, key)
+	if !ok {
 		return nil, 0, false
 	}
-	v := new(T)
-	if json.Unmarshal(e.Value(), v) != nil {
-		return nil, 0, false
-	}
-	m.apply(key, e.Revision(), e.Value(), v)
+	m.apply(key, rev, raw, v)
 	return m.get(key)
 }
 

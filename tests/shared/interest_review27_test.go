@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+
 	"github.com/mcpresume/caddy-mcp-resume/internal/demoserver"
 	"github.com/mcpresume/caddy-mcp-resume/internal/mcptest"
 	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
@@ -259,15 +261,9 @@ func TestReview27NATSRestartReaderOnNonProducer(t *testing.T) {
 }
 
 func r27NATSRestart(t *testing.T, restart bool) {
-	dir, port := t.TempDir(), harness.FreePort(t)
-	ns, err := testnet.StartNATS(dir, port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nsMu sync.Mutex
-	t.Cleanup(func() { nsMu.Lock(); testnet.ShutdownNATS(ns); nsMu.Unlock() })
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	d := deploy(t, 3, storeNATS([]string{url}, ""), demoserver.Options{EventStore: true})
+	dir := t.TempDir()
+	nats := r27NATS(t, dir)
+	d := deploy(t, 3, storeNATS([]string{nats.url}, ""), demoserver.Options{EventStore: true})
 	r1, r2, r3 := d.replicas[0], d.replicas[1], d.replicas[2]
 
 	c1 := harness.NewSession(t, "http://"+r1.addr(), "2025-11-25")
@@ -284,14 +280,7 @@ func r27NATSRestart(t *testing.T, restart bool) {
 	mid := harness.ReadEvents(t, onR3, 2)
 
 	if restart {
-		nsMu.Lock()
-		testnet.ShutdownNATS(ns)
-		time.Sleep(1500 * time.Millisecond)
-		ns, err = testnet.StartNATS(dir, port)
-		nsMu.Unlock()
-		if err != nil {
-			t.Fatal(err)
-		}
+		nats.restart(t, dir, 1500*time.Millisecond)
 	}
 	t0 := time.Now()
 	for _, r := range d.replicas {
@@ -336,15 +325,8 @@ func r27NATSRestart(t *testing.T, restart bool) {
 // get an end (the result or an explicit error), never silence.
 func TestReview27NATSBackWithoutDataReaderOnNonProducer(t *testing.T) {
 	t.Parallel()
-	port := harness.FreePort(t)
-	ns, err := testnet.StartNATS(t.TempDir(), port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nsMu sync.Mutex
-	t.Cleanup(func() { nsMu.Lock(); testnet.ShutdownNATS(ns); nsMu.Unlock() })
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	d := deploy(t, 3, storeNATS([]string{url}, ""), demoserver.Options{EventStore: true})
+	nats := r27NATS(t, t.TempDir())
+	d := deploy(t, 3, storeNATS([]string{nats.url}, ""), demoserver.Options{EventStore: true})
 	r1, r3 := d.replicas[0], d.replicas[2]
 	c1 := harness.NewSession(t, "http://"+r1.addr(), "2025-11-25")
 	const n = 30
@@ -352,14 +334,7 @@ func TestReview27NATSBackWithoutDataReaderOnNonProducer(t *testing.T) {
 	onR3 := rawOn(t, r3, "2025-11-25", c1.SessionID).Resume(lastID(first))
 	defer onR3.Body.Close()
 	mid := harness.ReadEvents(t, onR3, 2)
-	nsMu.Lock()
-	testnet.ShutdownNATS(ns)
-	time.Sleep(time.Second)
-	ns, err = testnet.StartNATS(t.TempDir(), port)
-	nsMu.Unlock()
-	if err != nil {
-		t.Fatal(err)
-	}
+	nats.restart(t, t.TempDir(), time.Second)
 	start := time.Now()
 	rest, rerr := mcptest.ReadEvents(onR3.Body, 0, 30*time.Second)
 	progress, result, errs := callParts(t, first, mid, rest)
@@ -370,4 +345,40 @@ func TestReview27NATSBackWithoutDataReaderOnNonProducer(t *testing.T) {
 	if result == "" && len(errs) == 0 {
 		t.Fatalf("reader on r3 got no end after NATS lost its data (read error %v)", rerr)
 	}
+}
+
+// r27Server is a nats-server on a fixed port that a test restarts.
+type r27Server struct {
+	mu   sync.Mutex
+	srv  *server.Server
+	port int
+	url  string
+}
+
+// r27NATS starts a nats-server storing in dir, stopped at cleanup.
+func r27NATS(t *testing.T, dir string) *r27Server {
+	t.Helper()
+	n := &r27Server{port: harness.FreePort(t)}
+	srv, err := testnet.StartNATS(dir, n.port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.srv, n.url = srv, fmt.Sprintf("nats://127.0.0.1:%d", n.port)
+	t.Cleanup(func() { n.mu.Lock(); testnet.ShutdownNATS(n.srv); n.mu.Unlock() })
+	return n
+}
+
+// restart stops the server, waits down, and starts it again on the same
+// port storing in dir (its old directory: the data kept; a new one: lost).
+func (n *r27Server) restart(t *testing.T, dir string, down time.Duration) {
+	t.Helper()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	testnet.ShutdownNATS(n.srv)
+	time.Sleep(down)
+	srv, err := testnet.StartNATS(dir, n.port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.srv = srv
 }
