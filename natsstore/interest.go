@@ -153,11 +153,16 @@ func (st *Store) interestIn(sh string, load bool) {
 	in.mu.Unlock()
 	if err != nil {
 		st.fault("interest", err)
+		in.mu.Lock()
 		s.stale = true
+		in.mu.Unlock()
 	}
 	if load && !full && err == nil {
+		// Nothing of the session was of interest here before: nothing to
+		// prune (and no scan of the mirrors, nor a read of the zone's
+		// mark, on a session's first request to this replica).
 		ctx, cancel := st.opCtx()
-		err = st.loadInterest(ctx, sh, true)
+		err = st.loadInterest(ctx, sh, false)
 		cancel()
 		if err != nil {
 			st.fault("interest", err)
@@ -376,16 +381,15 @@ func (st *Store) reloadInterests(all bool) {
 
 // lostNotes is told of the connection's asynchronous errors: a slow
 // consumer on the notifications means some were dropped.
-func (st *Store) lostNotes(sub *nats.Subscription, err error) bool {
+func (st *Store) lostNotes(sub *nats.Subscription, err error) {
 	if sub == nil || !errors.Is(err, nats.ErrSlowConsumer) || !strings.HasPrefix(sub.Subject, st.opts.Prefix+".n.") {
-		return false
+		return
 	}
 	st.interest.mu.Lock()
 	for _, s := range st.interest.subs {
 		s.stale = true
 	}
 	st.interest.mu.Unlock()
-	return true
 }
 
 // interestLoop loads again what needs it, and reads again the leases this

@@ -40,10 +40,8 @@ type Store struct {
 	meta     jetstream.KeyValue
 	interest interest // the sessions whose stream records and leases this replica holds
 
-	watchMu     sync.Mutex
-	stopWatches func() // stops the mirrors' watches
-	lost        lossCheck
-	mark        atomic.Pointer[string] // the zone's mark as this replica knows it (see recover.go)
+	lost lossCheck
+	mark atomic.Pointer[string] // the zone's mark as this replica knows it (see recover.go)
 
 	ctx       context.Context // ends when the store closes
 	cancel    context.CancelFunc
@@ -143,9 +141,6 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	}
 	if err := st.loadMark(ctx); err != nil {
 		return nil, fmt.Errorf("natsstore: zone mark: %w", err)
-	}
-	if err := st.startMirrors(ctx); err != nil {
-		return nil, err
 	}
 	if st.srv == nil {
 		// Another replica that reconnected asks for every interest to be
@@ -426,56 +421,11 @@ func (st *Store) loadKey(ctx context.Context, key []byte) error {
 	return nil
 }
 
-// startMirrors starts the watches and waits for the records to load.
-// They run until the store closes, or stopMirrors stops them.
-func (st *Store) startMirrors(ctx context.Context) error {
-	onErr := func(err error) { st.fault("watch", err) }
-	wctx, cancel := context.WithCancel(st.ctx)
-	var readies, dones []<-chan struct{}
-	stop := func() {
-		cancel()
-		for _, d := range dones {
-			<-d
-		}
-	}
-	// None on every replica: the records of the sessions a replica serves
-	// come with its interest, the zone's to the sweeper (interest.go).
-	for _, w := range []func(context.Context, func(error)) (<-chan struct{}, <-chan struct{}, error){} {
-		var r, d <-chan struct{}
-		err := provisioning(ctx, func(context.Context) (err error) {
-			r, d, err = w(wctx, onErr)
-			return err
-		})
-		if err != nil {
-			stop()
-			return fmt.Errorf("natsstore: watch: %w", err)
-		}
-		readies, dones = append(readies, r), append(dones, d)
-	}
-	st.watchMu.Lock()
-	st.stopWatches = stop
-	st.watchMu.Unlock()
-	for _, r := range readies {
-		select {
-		case <-r:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
-}
-
-// stopMirrors stops the watches and waits until they have.
+// stopMirrors stops the whole-bucket watches, if this replica runs them,
+// and waits until they have; the sweep starts them again.
 func (st *Store) stopMirrors() {
-	st.watchMu.Lock()
-	stop := st.stopWatches
-	st.stopWatches = nil
-	st.watchMu.Unlock()
-	if stop != nil {
-		stop()
-	}
 	st.interest.fullMu.Lock()
-	st.stopFull() // the sweeper starts it again
+	st.stopFull()
 	st.interest.fullMu.Unlock()
 }
 

@@ -47,9 +47,6 @@ const lossChecks = 2
 // found" counts: a timeout or an unreachable cluster is no loss. It
 // reports whether it recreated anything.
 func (st *Store) checkData(probeFailed bool) bool {
-	if st.watchesDown() {
-		st.restartMirrors()
-	}
 	ctx, cancel := context.WithTimeout(st.ctx, probeTimeout)
 	missing := st.missing(ctx, probeFailed)
 	cancel()
@@ -151,9 +148,10 @@ func (st *Store) recoverLost(missing []string) bool {
 	loss := DataLoss{Missing: missing, SecretChanged: !bytes.Equal(old, st.Key())}
 
 	// What the mirrors hold is gone from NATS (revisions start again, so
-	// they could not even follow the new buckets): stop the watches, end
-	// every session held (a tombstone remembers each, with the requests of
-	// its streams a client may lack an answer for), forget, watch again.
+	// they could not even follow the new buckets): stop the sweeper's
+	// watches (its next sweep starts them again), end every session held
+	// (a tombstone remembers each, with the requests of its streams a
+	// client may lack an answer for), forget.
 	st.stopMirrors()
 	type lost struct {
 		sh   string
@@ -195,7 +193,6 @@ func (st *Store) recoverLost(missing []string) bool {
 	st.sessions.reset() // every handle here ends: readers, producers, detached upstream reads
 	st.streams.reset()
 	st.leases.reset()
-	st.restartMirrors()
 	st.total.invalidate()
 	st.freed.fire()
 	st.counters.EventsEvicted.Add(loss.Events)
@@ -213,22 +210,6 @@ func (st *Store) producesHere(key string) bool {
 	}
 	_, ok = v.(*stream).currentWriter().storedHead()
 	return ok
-}
-
-// watchesDown reports the mirrors' watches stopped (a recovery could not
-// start them again).
-func (st *Store) watchesDown() bool {
-	st.watchMu.Lock()
-	defer st.watchMu.Unlock()
-	return st.stopWatches == nil
-}
-
-func (st *Store) restartMirrors() {
-	ctx, cancel := context.WithTimeout(st.ctx, 10*time.Second)
-	defer cancel()
-	if err := st.startMirrors(ctx); err != nil {
-		st.fault("watch", err) // the next health check tries again
-	}
 }
 
 // mergeTomb writes a tombstone of the recovery, merged with one another

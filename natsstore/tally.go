@@ -36,8 +36,8 @@ type publishedTally struct {
 	At     int64    `json:"at"` // unix nanos, the sweeper's clock
 }
 
-// zoneTally is the last published tally this replica read, and its own
-// changes since.
+// zoneTally is the last published tally this replica read, and the
+// creations and deletions made since (its own, and those it was told of).
 type zoneTally struct {
 	mu        sync.Mutex
 	read      publishedTally
@@ -51,7 +51,8 @@ type tallyChange struct {
 	delta int64
 }
 
-// changed counts a creation or deletion made here, and tells the others.
+// tallyChanged counts a creation or deletion made here, and tells the
+// others near the bound.
 func (st *Store) tallyChanged(r *sessionRecord, delta int64) {
 	c := tallyChange{time.Now().UnixNano(), tallySlot(r), delta}
 	st.zone.add(c)
@@ -98,7 +99,7 @@ func (z *zoneTally) add(c tallyChange) {
 	z.mu.Unlock()
 }
 
-// counts is the published tally plus this replica's changes since.
+// counts is the published tally plus the changes made since.
 func (z *zoneTally) counts() (policy.SessionCounts, int) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
