@@ -33,7 +33,10 @@ func TestReview26SequentialCreatesOnTwoReplicasPassMaxSessions(t *testing.T) {
 	if b.interest.fullOn() || c.interest.fullOn() {
 		t.Fatal("B or C sweeps")
 	}
-	time.Sleep(time.Second) // B and C read A's first tally (0 sessions)
+	waitUntil(t, "B and C to read A's first tally", 10*time.Second, func() bool {
+		read := func(st *Store) bool { st.zone.mu.Lock(); defer st.zone.mu.Unlock(); return st.zone.read.At != 0 }
+		return read(b) && read(c)
+	})
 	created := 0
 	for i := 0; i < 2*maxSessions; i++ {
 		st := []*Store{b, c}[i%2]
@@ -41,7 +44,7 @@ func TestReview26SequentialCreatesOnTwoReplicasPassMaxSessions(t *testing.T) {
 			created++
 		}
 	}
-	time.Sleep(time.Second)
+	waitUntil(t, "the sweeper to count every session created", 10*time.Second, func() bool { return a.tally.counts().Sessions == created })
 	zone := a.tally.counts().Sessions
 	t.Logf("created %d sessions with max_sessions %d; the sweeper counts %d", created, maxSessions, zone)
 	if zone > maxSessions+1 {

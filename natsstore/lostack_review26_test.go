@@ -177,8 +177,11 @@ func TestReview26DeleteWhoseAckIsLostLeavesTheSessionAliveElsewhere(t *testing.T
 	}
 	t.Logf("B's Delete returned %v; the session record is gone from KV", deleted)
 	waitUntil(t, "the sweeper to see the session gone", 5*time.Second, func() bool { _, ok := sweeper.Session(id); return !ok })
-	time.Sleep(3 * time.Second) // > lease_ttl: what a replica re-reads, it has re-read
-	if _, ok := a.Session(id); ok {
+	gone := func() bool { _, ok := a.Session(id); return !ok }
+	for deadline := time.Now().Add(3 * time.Second); !gone() && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if !gone() {
 		t.Errorf("A still serves session %q 3 s after its record was deleted from KV (B's Delete returned %v): "+
 			"its deletion was never notified, and nothing makes A read the record again", id, deleted)
 	}
