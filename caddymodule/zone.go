@@ -373,7 +373,11 @@ func (z *zone) storeOptions() StoreOptions {
 		},
 		OnError: func(op string, err error) {
 			resume.CountStoreError(z.name, op)
-			if c := z.logger.Load().Check(zap.DebugLevel, "shared store operation failed"); c != nil {
+			level := zap.DebugLevel
+			if op == "session_read" { // natsstore's opSessionRead
+				level = zap.WarnLevel // the request is answered as for a session never seen here
+			}
+			if c := z.logger.Load().Check(level, "shared store operation failed"); c != nil {
 				c.Write(zap.String("zone", z.name), zap.String("op", op), zap.Error(err))
 			}
 		},

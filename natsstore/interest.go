@@ -572,15 +572,33 @@ func (m *mirror[T]) read(ctx context.Context, key string) (*T, uint64, bool) {
 
 // readRaw is read, with the value as stored.
 func (m *mirror[T]) readRaw(ctx context.Context, key string) (*T, uint64, []byte, bool) {
-	e, err := m.kv.Get(ctx, key)
-	if err != nil {
-		return nil, 0, nil, false
+	v, rev, raw, err := m.readErr(ctx, key)
+	return v, rev, raw, err == nil
+}
+
+// readErr is readRaw telling a miss (errNotFound) from a failed read. A
+// transient failure (no responders for a moment, a timeout, a reconnection)
+// is tried again within ctx: a read that fails is answered as a miss, and
+// a miss can turn a resume into an adoption.
+func (m *mirror[T]) readErr(ctx context.Context, key string) (*T, uint64, []byte, error) {
+	for round := 0; ; round++ {
+		e, err := m.kv.Get(ctx, key)
+		switch {
+		case err == nil:
+			v := new(T)
+			if err := json.Unmarshal(e.Value(), v); err != nil {
+				return nil, 0, nil, err
+			}
+			return v, e.Revision(), e.Value(), nil
+		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+			return nil, 0, nil, errNotFound
+		case !transient(err):
+			return nil, 0, nil, err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return nil, 0, nil, err
+		}
 	}
-	v := new(T)
-	if json.Unmarshal(e.Value(), v) != nil {
-		return nil, 0, nil, false
-	}
-	return v, e.Revision(), e.Value(), true
 }
 
 // loadAll reads the whole bucket into m (a mirror of its own, unwatched):

@@ -114,18 +114,28 @@ func (m *mirror[T]) get(key string) (*T, uint64, bool) {
 
 // lookup is get, reading through to KV when the mirror lacks the key:
 // another replica may have written it a moment ago, and watches of
-// different buckets are not ordered with each other. One attempt: a miss
-// costs a round trip, and nothing more when NATS is unreachable.
+// different buckets are not ordered with each other. A miss costs a round
+// trip; a read that fails transiently is tried again within ctx.
 func (m *mirror[T]) lookup(ctx context.Context, key string) (*T, uint64, bool) {
+	v, rev, err := m.lookupErr(ctx, key)
+	return v, rev, err == nil
+}
+
+// lookupErr is lookup telling a miss (errNotFound) from a failed read.
+func (m *mirror[T]) lookupErr(ctx context.Context, key string) (*T, uint64, error) {
 	if v, rev, ok := m.get(key); ok {
-		return v, rev, ok
+		return v, rev, nil
 	}
-	v, rev, raw, ok := m.readRaw(ctx, key)
-	if !ok {
-		return nil, 0, false
+	v, rev, raw, err := m.readErr(ctx, key)
+	if err != nil {
+		return nil, 0, err
 	}
 	m.apply(key, rev, raw, v)
-	return m.get(key)
+	if v, rev, ok := m.get(key); ok {
+		return v, rev, nil
+	}
+	// A deletion newer than what KV answered reached the mirror meanwhile.
+	return nil, 0, errNotFound
 }
 
 // confirm is get for a key that must not be taken as present on a stale

@@ -200,12 +200,21 @@ func (st *Store) handle(rec *sessionRecord, load bool) *session {
 func (st *Store) Session(id string) (buffer.Session, bool) {
 	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
 	defer cancel()
-	rec, _, ok := st.sessions.lookup(ctx, sessionToken(id))
-	if !ok || rec.ID != id {
+	rec, _, err := st.sessions.lookupErr(ctx, sessionToken(id))
+	if err != nil && !errors.Is(err, errNotFound) {
+		// Taken as unknown, which the engine answers as for a session
+		// this replica never saw: say why, it is not.
+		st.fault(opSessionRead, err)
+	}
+	if err != nil || rec.ID != id {
 		return nil, false
 	}
 	return st.handle(rec, true), true
 }
+
+// opSessionRead is the failed read of a session record that made the
+// session look unknown here (OnError's op).
+const opSessionRead = "session_read" // caddymodule logs it at WARN
 
 // Tombstone implements buffer.Store. It reads through to KV on a miss:
 // the watch that brings a tombstone is not ordered with the one that

@@ -283,8 +283,14 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 }
 
 // serveAdopted serves the standalone stream of a session adopted by
-// another request, to an adopting client: the gap, then the stream.
+// another request, to an adopting client: the gap, then the stream. A
+// session found with the cursor's own epoch was never lost: the first
+// look missed it (a shared store's read that failed, another replica's
+// creation not yet visible), and it is answered as the resume it is.
 func (h *Engine) serveAdopted(w http.ResponseWriter, r *http.Request, next Next, s buffer.Session, lastID string, reason policy.Reason) error {
+	if cur, err := eventid.Parse(lastID); err == nil && cur.Epoch == s.Epoch() {
+		return h.serveResume(w, r, next, s.ID(), s, lastID)
+	}
 	rd, err := s.Standalone().Attach(1)
 	if err != nil {
 		return h.refuse(w, refuseStandalone, to{sid: s.ID(), lastID: lastID})
