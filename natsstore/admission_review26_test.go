@@ -29,8 +29,8 @@ func TestReview26SequentialCreatesOnTwoReplicasPassMaxSessions(t *testing.T) {
 	urls := []string{testnet.NATS(t).ClientURL()}
 	a := openAt(t, urls, mod)
 	b, c := openAt(t, urls, mod), openAt(t, urls, mod)
-	waitUntil(t, "A to sweep", 10*time.Second, func() bool { return a.interest.fullOn() })
-	if b.interest.fullOn() || c.interest.fullOn() {
+	waitUntil(t, "A to sweep", 10*time.Second, func() bool { return a.sweeps() })
+	if b.sweeps() || c.sweeps() {
 		t.Fatal("B or C sweeps")
 	}
 	waitUntil(t, "B and C to read A's first tally", 10*time.Second, func() bool {

@@ -74,6 +74,10 @@ type interestSub struct {
 	sub   *nats.Subscription
 	ready chan struct{} // closed once loaded (or the load failed: then stale is set)
 	stale bool          // the load failed or notifications were lost: load again
+	// unloaded: begun during a scan, whose watches held its records; what
+	// they brought last may lag a write a moment, so it is loaded once
+	// they stop.
+	unloaded bool
 }
 
 // noteSubject is <P>.n.<session token>.<bucket>[.<rest of key>]: every
@@ -138,24 +142,25 @@ func (st *Store) interestIn(sh string, load bool) {
 	s := &interestSub{ready: make(chan struct{})}
 	in.subs[sh] = s
 	full := in.fullReady()
+	s.unloaded = full && load // the scan's watches hold it until they stop
 	in.mu.Unlock()
-	if st.srv != nil {
-		close(s.ready) // an embedded server of its own: no other replica writes
-		return
-	}
-	sub, err := st.nc.ChanSubscribe(st.opts.Prefix+".n."+sh+".>", in.notes)
-	in.mu.Lock()
-	if in.subs[sh] == s {
-		s.sub = sub
-	} else if sub != nil {
-		sub.Unsubscribe() // dropped meanwhile
-	}
-	in.mu.Unlock()
-	if err != nil {
-		st.fault("interest", err)
+	var err error
+	if st.srv == nil { // an embedded server of its own: no other replica writes, none notifies
+		var sub *nats.Subscription
+		sub, err = st.nc.ChanSubscribe(st.opts.Prefix+".n."+sh+".>", in.notes)
 		in.mu.Lock()
-		s.stale = true
+		if in.subs[sh] == s {
+			s.sub = sub
+		} else if sub != nil {
+			sub.Unsubscribe() // dropped meanwhile
+		}
 		in.mu.Unlock()
+		if err != nil {
+			st.fault("interest", err)
+			in.mu.Lock()
+			s.stale = true
+			in.mu.Unlock()
+		}
 	}
 	if load && !full && err == nil {
 		// Nothing of the session was of interest here before: nothing to
@@ -422,6 +427,26 @@ func (st *Store) interestLoop() {
 	}
 }
 
+// servedSessions is the tokens of the sessions whose records this replica
+// holds current: its interests that have loaded (and are not to be loaded
+// again), what its sweep covers.
+func (st *Store) servedSessions() map[string]bool {
+	in := &st.interest
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	out := make(map[string]bool, len(in.subs))
+	for sh, s := range in.subs {
+		select {
+		case <-s.ready:
+			if !s.stale {
+				out[sh] = true
+			}
+		default:
+		}
+	}
+	return out
+}
+
 // whole reports whether the mirrors hold the zone's every record: the
 // whole-bucket watches run and have loaded.
 func (in *interest) whole() bool {
@@ -515,10 +540,13 @@ func (st *Store) fullWatch(on bool) bool {
 		st.stopFull()
 		in.mu.Lock()
 		st.keepInterestsOnly()
-		// What the watches brought last may lag a write a moment: the
-		// interests are loaded again (interestLoop), now on their own.
+		// An interest loaded before the scan was kept current by its
+		// notifications throughout; one begun during it is loaded now
+		// (interestLoop).
 		for _, s := range in.subs {
-			s.stale = true
+			if s.unloaded {
+				s.stale, s.unloaded = true, false
+			}
 		}
 		in.mu.Unlock()
 	}

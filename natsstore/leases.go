@@ -259,6 +259,14 @@ func (st *Store) sweeperTTL() time.Duration {
 	return max(2*time.Second, (4 * st.opts.SweepInterval).Round(time.Second))
 }
 
+// sweeps reports whether this replica held the sweeper lease when it last
+// looked.
+func (st *Store) sweeps() bool {
+	st.sweeper.mu.Lock()
+	defer st.sweeper.mu.Unlock()
+	return st.sweeper.rev != 0
+}
+
 // holdSweeper reports whether this replica sweeps now, taking or renewing
 // the lease as needed.
 func (st *Store) holdSweeper() bool {

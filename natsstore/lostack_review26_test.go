@@ -154,7 +154,7 @@ func TestReview26DeleteWhoseAckIsLostLeavesTheSessionAliveElsewhere(t *testing.T
 	a := openAt(t, urls)
 	cut := newAckCutter(t, ns.Addr().String())
 	b := openAt(t, []string{"nats://" + cut.addr()})
-	if a.interest.fullOn() || b.interest.fullOn() {
+	if a.sweeps() || b.sweeps() {
 		t.Fatal("A or B sweeps")
 	}
 	const id = "victim"

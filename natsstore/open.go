@@ -63,6 +63,7 @@ type Store struct {
 
 	held      heldLeases
 	sweeper   sweeperLease
+	scans     atomic.Int64         // scans this replica finished (sweep.go)
 	orphans   map[string]time.Time // the sweeper's: when it first found each orphan with an upstream cursor
 	admitting admissions
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs
@@ -155,12 +156,15 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("natsstore: subscribe: %w", err)
 		}
 	}
-	// A replica that finds no sweeper sweeps, and holds the zone's records,
-	// from the start: a lone replica is never without them.
+	// A replica that finds no sweeper sweeps, and counts the zone's
+	// sessions before it admits any (a lone replica restarting is never
+	// without the count).
 	if st.holdSweeper() {
 		if err := st.awaitFullWatch(ctx); err != nil {
 			return nil, err
 		}
+		st.publishTally()
+		st.fullWatch(false)
 	}
 	st.wg.Add(5)
 	go st.renewLoop()

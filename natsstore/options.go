@@ -4,9 +4,10 @@
 // restart or a rolling deploy loses nothing. DESIGN.md describes where each
 // piece of state lives and why.
 //
-// Every replica mirrors the zone's records (sessions, streams, tombstones,
-// producer leases) from KV watches, so reads are local; every write is a
-// compare-and-set on KV, so replicas never overwrite each other. Events are
+// Every replica mirrors the records (sessions, streams, producer leases) of
+// the sessions it serves, kept current by the notifications of the replicas
+// that write them, so reads are local; every write is a compare-and-set on
+// KV, so replicas never overwrite each other. Events are
 // stored in one JetStream stream, one message per batch of consecutive
 // events, and readers read them from JetStream only: a client never sees an
 // event the store has not accepted.
@@ -17,8 +18,9 @@
 // batches, publishing, the record's sync), budget.go (the bounds and
 // backpressure), publish.go (messages and the one publish path), locate.go
 // (what a message's headers say; finding an event), reader.go (a client's
-// reader), upstream.go (the upstream cursor), evict.go, sweep.go (the
-// zone's sweeper: eviction, idle expiry, dead producers), leases.go,
+// reader), upstream.go (the upstream cursor), evict.go, sweep.go (each
+// replica's sweep of what it serves, the sweeper's scan of the zone: eviction,
+// idle expiry, dead producers), leases.go,
 // mirror.go and records.go (the KV records and their local copies),
 // health.go (Available and its probe), recover.go (recreating a zone whose
 // data NATS lost), retry.go, signals.go, embedded.go.
@@ -75,9 +77,14 @@ type Options struct {
 	Limits buffer.Limits
 	Hooks  buffer.Hooks
 
-	// SweepInterval is how often the sweeping replica evicts, expires and
-	// retires. Default 500ms.
+	// SweepInterval is how often each replica evicts, expires and retires
+	// for the sessions it serves. Default 500ms.
 	SweepInterval time.Duration
+	// ScanInterval is how often the replica holding the sweeper lease
+	// sweeps the zone whole (sessions no live replica serves, old
+	// tombstones) and publishes its tally; a zone whose scan takes long is
+	// scanned less often (see scan). Default 10 x SweepInterval.
+	ScanInterval time.Duration
 	// TombstoneTTL is how long ended sessions are remembered. Default 1h.
 	TombstoneTTL time.Duration
 	// MaxTombstones bounds the ended sessions remembered; default 4 x
@@ -155,6 +162,9 @@ func (o *Options) setDefaults() error {
 	}
 	if o.SweepInterval <= 0 {
 		o.SweepInterval = defaultSweepInterval
+	}
+	if o.ScanInterval <= 0 {
+		o.ScanInterval = 10 * o.SweepInterval
 	}
 	if o.TombstoneTTL <= 0 {
 		o.TombstoneTTL = defaultTombstoneTTL

@@ -219,9 +219,9 @@ func TestPerCallEdgeTallyAcrossReplicas(t *testing.T) {
 	if !b.Delete("t0", policy.ReasonDeleted) || !a.Delete("t4", policy.ReasonDeleted) {
 		t.Fatal("Delete")
 	}
-	// A, opened first, sweeps and holds the zone's sessions; B holds those
-	// it serves, and admits on the tally A publishes (tally.go).
-	if !a.interest.fullOn() || b.interest.fullOn() {
+	// A, opened first, sweeps: its scans count the zone's sessions and
+	// publish the tally; both admit on it (tally.go).
+	if !a.sweeps() || b.sweeps() {
 		t.Fatal("A should sweep, B not")
 	}
 	counts := func(st *Store) policy.SessionCounts {
@@ -229,20 +229,19 @@ func TestPerCallEdgeTallyAcrossReplicas(t *testing.T) {
 		c.MaxSessions = 0
 		return c
 	}
-	waitUntil(t, "both to count the deletions", 10*time.Second, func() bool {
+	// Left: t1 (adopted, confirmed) and t3 among the others, t2 and t5
+	// untapped.
+	want := policy.SessionCounts{Sessions: 2, Untapped: 2}
+	waitUntil(t, "both to count the zone's sessions", 10*time.Second, func() bool {
 		_, ok1 := a.Session("t0")
 		_, ok2 := b.Session("t4")
-		return !ok1 && !ok2 && a.sessions.count() == 4 && counts(a) == counts(b)
+		return !ok1 && !ok2 && counts(a) == want && counts(b) == want
 	})
-	time.Sleep(200 * time.Millisecond)
 	checkIndex(t, a)
 	checkIndex(t, b)
-	want := a.tally.counts()
-	if got := counts(b); got != want {
-		t.Errorf("tallies differ: A %+v, B %+v", want, got)
-	}
-	if want.Sessions+want.Adopted+want.Untapped != 4 {
-		t.Errorf("tally %+v, want 4 sessions in all", want)
+	a.scanNow(t)
+	if ca, cb := counts(a), counts(b); ca != want || cb != want {
+		t.Errorf("after a scan: A %+v, B %+v, want %+v", ca, cb, want)
 	}
 }
 
@@ -378,7 +377,7 @@ func TestPerCallEdgeTallyAfterNATSLostItsData(t *testing.T) {
 		t.Fatal("Delete after the loss")
 	}
 	waitUntil(t, "both to count one session", 10*time.Second, func() bool {
-		ca, cb := a.tally.counts(), b.tally.counts()
+		ca, cb := a.sessionCounts(), b.sessionCounts()
 		return ca.Sessions+ca.Adopted+ca.Untapped == 1 && cb.Sessions+cb.Adopted+cb.Untapped == 1
 	})
 	checkIndex(t, a)

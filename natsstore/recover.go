@@ -103,13 +103,21 @@ func (st *Store) zoneMark() string {
 
 // loadMark reads the zone's mark, making it if absent (as a new value).
 func (st *Store) loadMark(ctx context.Context) error {
+	mark, err := st.readMark(ctx)
+	if err == nil {
+		st.mark.Store(&mark)
+	}
+	return err
+}
+
+// readMark is loadMark without taking the mark as this replica's.
+func (st *Store) readMark(ctx context.Context) (string, error) {
 	b := make([]byte, 16)
 	rand.Read(b)
 	mark := hex.EncodeToString(b)
-	return provisioning(ctx, func(ctx context.Context) error {
+	err := provisioning(ctx, func(ctx context.Context) error {
 		_, err := st.meta.Create(ctx, zoneKey, []byte(mark))
 		if err == nil {
-			st.mark.Store(&mark)
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) {
@@ -119,10 +127,10 @@ func (st *Store) loadMark(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		v := string(e.Value())
-		st.mark.Store(&v)
+		mark = string(e.Value())
 		return nil
 	})
+	return mark, err
 }
 
 // recoverLost recreates what is missing and ends what this replica held
@@ -141,7 +149,11 @@ func (st *Store) recoverLost(missing []string) bool {
 		st.fault("recreate", err)
 		return false
 	}
-	if err := st.loadMark(ctx); err != nil {
+	// The mark is taken as this replica's once what it held is ended: an
+	// interest loaded meanwhile would find the zone intact and prune the
+	// lost sessions before they are tombstoned (zoneIntact).
+	mark, err := st.readMark(ctx)
+	if err != nil {
 		st.fault("recreate", err)
 		return false
 	}
@@ -193,6 +205,7 @@ func (st *Store) recoverLost(missing []string) bool {
 	st.sessions.reset() // every handle here ends: readers, producers, detached upstream reads
 	st.streams.reset()
 	st.leases.reset()
+	st.mark.Store(&mark)
 	st.total.invalidate()
 	st.freed.fire()
 	st.counters.EventsEvicted.Add(loss.Events)

@@ -50,6 +50,14 @@ func sessionOn(t testing.TB, st *Store, id string) buffer.Session {
 // released or ended.
 func crash(st *Store) { st.closeOnce.Do(st.shutdown) }
 
+// scanNow waits until a scan begun after the call has finished on st,
+// the sweeping replica.
+func (st *Store) scanNow(t testing.TB) {
+	t.Helper()
+	n := st.scans.Load()
+	waitUntil(t, "a scan", 30*time.Second, func() bool { return st.scans.Load() >= n+2 })
+}
+
 func waitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)

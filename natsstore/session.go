@@ -306,14 +306,23 @@ func (s *session) Confirm() {
 	}
 	ctx, cancel := s.st.opCtx()
 	defer cancel()
+	confirmed := false
 	_, err := s.st.sessions.update(ctx, s.sh, func(r *sessionRecord) error {
+		confirmed = false
 		if r.Epoch != s.epoch || r.Confirmed {
 			return errUnchanged
 		}
-		r.Confirmed = true
+		r.Confirmed, confirmed = true, true
 		return nil
 	})
 	s.st.fault("confirm", err)
+	if err == nil && confirmed {
+		// It moves to the others' share of max_sessions.
+		now := *r
+		now.Confirmed = true
+		s.st.tallyChanged(r, -1)
+		s.st.tallyChanged(&now, 1)
+	}
 }
 
 // Rebind implements buffer.Session: the record every replica mirrors

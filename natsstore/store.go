@@ -164,7 +164,9 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	}
 	st.tallyChanged(rec, 1)
 	if hasTomb && tomb.ID == id {
-		if err := st.tombs.remove(ctx, sh, tombRev); err != nil && !isWrongLast(err) {
+		if err := st.tombs.remove(ctx, sh, tombRev); err == nil {
+			st.tombChanged(-1)
+		} else if !isWrongLast(err) {
 			st.fault("tombstone", err) // consumed anyway: it expires with its TTL
 		}
 	}
@@ -271,6 +273,8 @@ func (st *Store) Delete(id string, reason policy.Reason) bool {
 		end = st.ending(ctx, r, reason)
 		if err := st.tombs.put(ctx, sh, end.tomb); err != nil {
 			st.fault("tombstone", err)
+		} else if round == 0 {
+			st.tombChanged(1)
 		}
 		err := st.sessions.remove(ctx, sh, rev)
 		if err == nil {
@@ -458,31 +462,19 @@ func (st *Store) Sessions() []buffer.SessionInfo {
 }
 
 // Stats implements buffer.Inspector. Sessions and tombstones are the
-// zone's (on a replica that does not sweep, as the sweeper last published
-// them: tally.go); streams, retained bytes and connections too on the
-// sweeping replica, which holds every record, and those of the sessions
-// it serves on the others (interest.go);
-// Producing, Detached and StalledStreams are this replica's, since each
-// replica reports the upstream reads it does itself.
+// zone's: as the sweeper's last scan counted them (tally.go), with the
+// changes made since here (and, near the bound, elsewhere). Streams,
+// retained bytes and connections are those of the sessions this replica
+// serves (interest.go), and Producing, Detached and StalledStreams its own
+// upstream reads.
 func (st *Store) Stats() buffer.Stats {
 	var out buffer.Stats
-	now := time.Now()
-	full := st.interest.whole()
 	c, tombs := st.zone.counts()
-	if full {
+	if st.interest.whole() {
 		c, tombs = st.tally.counts(), st.tombs.count()
 	}
-	out.Sessions = c.Sessions + c.Adopted + c.Untapped
-	st.streams.each(func(key string, r *streamRecord, _ uint64) {
-		if !r.Opened {
-			return
-		}
-		out.Streams++
-		out.RetainedBytes += st.retainedOf(key, r)
-		if r.readerAt(now, st.opts.LeaseTTL) != nil {
-			out.Connected++
-		}
-	})
+	out.Sessions, out.Tombstones = c.Sessions+c.Adopted+c.Untapped, tombs
+	out.Streams, out.RetainedBytes, out.Connected = st.streamStats(time.Now())
 	for _, s := range st.handleList() {
 		for _, str := range s.streamList() {
 			if str.producing.Load() {
@@ -496,8 +488,23 @@ func (st *Store) Stats() buffer.Stats {
 			}
 		}
 	}
-	out.Tombstones = tombs
 	return out
+}
+
+// streamStats counts the opened streams the mirrors hold, their retained
+// bytes and those a client reads.
+func (st *Store) streamStats(now time.Time) (streams int, retained int64, connected int) {
+	st.streams.each(func(key string, r *streamRecord, _ uint64) {
+		if !r.Opened {
+			return
+		}
+		streams++
+		retained += st.retainedOf(key, r)
+		if r.readerAt(now, st.opts.LeaseTTL) != nil {
+			connected++
+		}
+	})
+	return streams, retained, connected
 }
 
 // retainedOf is what a stream holds against the bounds: exact if this

@@ -13,31 +13,79 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// sweepLoop runs the zone's sweep on the replica that holds the sweeper
-// lease; every replica keeps its mirrors tidy.
+// sweepLoop sweeps, every SweepInterval, the sessions this replica serves
+// (their records are current here: interest.go); the replica holding the
+// sweeper lease scans the zone every scan interval (scan). Until the store
+// closes.
 func (st *Store) sweepLoop() {
 	defer st.wg.Done()
 	t := time.NewTicker(st.opts.SweepInterval)
 	defer t.Stop()
+	var sc scanState
 	for {
 		select {
 		case <-st.ctx.Done():
+			st.endScan(&sc)
 			return
 		case <-t.C:
 		}
 		sweeper := !st.closing.Load() && st.holdSweeper()
-		// The sweep needs the zone's every stream record and lease: the
-		// sweeping replica watches those buckets whole, the others hold
-		// what they serve (interest.go).
-		whole := st.fullWatch(sweeper)
 		st.tidy(sweeper)
+		now := time.Now()
 		switch {
-		case sweeper && whole:
-			st.sweep(time.Now())
-			st.publishTally()
-		case !sweeper:
-			st.readTally()
+		case sweeper && (sc.on || !now.Before(sc.next)):
+			st.scan(&sc, now)
+		default:
+			st.endScan(&sc) // the lease went mid-scan
+			st.sweep(now, st.servedSessions())
+			if !sweeper {
+				st.readTally()
+			}
 		}
+	}
+}
+
+// scanState is the sweeping replica's: a scan under way, and when the
+// next is due.
+type scanState struct {
+	on      bool
+	started time.Time
+	next    time.Time
+}
+
+// scan sweeps the zone whole: the work no replica serving a session does
+// for it (sessions no live replica serves: their idle expiry, their
+// producers' deaths, their evictions; incarnations a dying replica left
+// half deleted; old tombstones), and the zone's tally. It loads the four
+// buckets whole (the initial values of watches, which run until the sweep
+// is done), sweeps, publishes the tally and forgets again what this
+// replica does not serve (issue 24: watched whole for good, the buckets
+// brought the sweeping replica every write of every call, a fifth of the
+// serving replica's CPU). The loading may span several ticks.
+func (st *Store) scan(sc *scanState, now time.Time) {
+	if !sc.on {
+		sc.on, sc.started = true, now
+	}
+	if !st.fullWatch(true) {
+		return // loading; the next tick looks again
+	}
+	st.sweep(now, nil)
+	ctx, cancel := st.opCtx()
+	st.dropTombstones(ctx)
+	cancel()
+	st.publishTally()
+	st.endScan(sc)
+	st.scans.Add(1)
+	// A zone whose scan is long is scanned less often: the scan takes at
+	// most a twentieth of the sweeping replica's time.
+	sc.next = time.Now().Add(max(st.opts.ScanInterval, 20*time.Since(sc.started)))
+}
+
+// endScan ends a scan under way, if any.
+func (st *Store) endScan(sc *scanState) {
+	if sc.on {
+		st.fullWatch(false)
+		sc.on = false
 	}
 }
 
@@ -48,19 +96,37 @@ type endedStream struct {
 }
 
 // sweep evicts what has become evictable, ends streams whose producer
-// died, retires spent stream records, expires idle sessions and old
-// tombstones: what the memory store's sweeper does, for the zone.
-func (st *Store) sweep(now time.Time) {
+// died, retires spent stream records, expires idle sessions: what the
+// memory store's sweeper does, for the sessions with tokens in served (nil:
+// the zone's every session, which the mirrors then hold; with them,
+// incarnations left half deleted and old tombstones). Several replicas
+// may sweep a session: every write here is a compare-and-set, and a dead
+// producer's stream is failed under its lease.
+func (st *Store) sweep(now time.Time, served map[string]bool) {
+	whole := served == nil
+	in := func(key string) bool {
+		sh, _, _ := strings.Cut(key, ".")
+		return whole || served[sh]
+	}
 	lim := st.Limits()
 	ttl := st.opts.LeaseTTL
 	connected := make(map[string]bool)      // incarnations a client reads
 	ended := make(map[string][]endedStream) // incarnation -> ended request streams
 	orphans := make(map[string]time.Time)   // orphans waiting for a takeover, since
+	for key, since := range st.orphans {
+		if !in(key) {
+			orphans[key] = since // not swept now: kept as found
+		}
+	}
 	st.streams.each(func(key string, rec *streamRecord, _ uint64) {
+		if !in(key) {
+			return
+		}
 		inc := incarnationOf(key)
 		if !st.incarnationHeld(inc) {
-			// Its session is gone: a replica that deleted it died midway.
-			if now.Sub(time.Unix(0, rec.Created)) >= 2*ttl {
+			// Its session is gone: a replica that deleted it died midway
+			// (judged on the zone's records only).
+			if whole && now.Sub(time.Unix(0, rec.Created)) >= 2*ttl {
 				ctx, cancel := st.opCtx()
 				st.clearIncarnation(ctx, inc, st.streams.keysOf(inc), st.leases.keysOf(inc))
 				cancel()
@@ -94,13 +160,16 @@ func (st *Store) sweep(now time.Time) {
 		st.sessions.each(func(sh string, r *sessionRecord, _ uint64) {
 			// Touches are written once per idle/10: allow for that, so
 			// no session expires early.
-			if !connected[sh+"."+r.Epoch] && now.Sub(time.Unix(0, r.LastActive)) >= idle+idle/10 {
+			if in(sh) && !connected[sh+"."+r.Epoch] && now.Sub(time.Unix(0, r.LastActive)) >= idle+idle/10 {
 				expired = append(expired, r.ID)
 			}
 		})
 		for _, id := range expired {
 			st.Delete(id, policy.ReasonExpired)
 		}
+	}
+	if !whole {
+		return
 	}
 	ctx, cancel := st.opCtx()
 	defer cancel()

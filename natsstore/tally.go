@@ -12,11 +12,10 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// The zone's session counts on a replica that does not sweep. It holds the
-// sessions it serves only (interest.go), so the sweeper, which watches the
-// sessions and tombstones buckets whole, publishes its tally (META key
-// "tally") each sweep it changed, and the others read it each sweep
-// interval. Once a count is within half its bound (or 64 sessions) of it,
+// The zone's session counts. A replica holds the sessions it serves only
+// (interest.go), so the sweeper, which loads the zone's records each scan
+// (sweep.go), publishes its tally (META key "tally") each scan it changed,
+// and the others read it each sweep interval. Once a count is within half its bound (or 64 sessions) of it,
 // every replica also tells the others of each session of that origin it
 // creates or deletes (core NATS, <P>.n._tally: a few bytes, nothing to
 // decode), and admission adds the creations and deletions made since the
@@ -39,10 +38,9 @@ type publishedTally struct {
 // zoneTally is the last published tally this replica read, and the
 // creations and deletions made since (its own, and those it was told of).
 type zoneTally struct {
-	mu        sync.Mutex
-	read      publishedTally
-	published publishedTally // the sweeper's: what it last wrote
-	local     []tallyChange  // the zone's creations (+1) and deletions (-1) since the reading, as told
+	mu    sync.Mutex
+	read  publishedTally
+	local []tallyChange // the zone's creations (+1) and deletions (-1) since the reading, as told
 }
 
 type tallyChange struct {
@@ -99,11 +97,23 @@ func (z *zoneTally) add(c tallyChange) {
 	z.mu.Unlock()
 }
 
-// counts is the published tally plus the changes made since.
+// tombSlot is the slot of tombstones in tallyChange: counted where they
+// are written and consumed, told to no one.
+const tombSlot = 3
+
+// tombChanged counts a tombstone written (+1) or consumed (-1) here.
+func (st *Store) tombChanged(delta int64) {
+	st.zone.add(tallyChange{time.Now().UnixNano(), tombSlot, delta})
+}
+
+// counts is the published tally plus the changes made since: the zone's
+// session counts, and its tombstones.
 func (z *zoneTally) counts() (policy.SessionCounts, int) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
-	n := z.read.Counts
+	var n [4]int64
+	copy(n[:], z.read.Counts[:])
+	n[tombSlot] = int64(z.read.Tombs)
 	keep := z.local[:0]
 	for _, c := range z.local {
 		if c.at > z.read.At-int64(time.Second) {
@@ -116,22 +126,19 @@ func (z *zoneTally) counts() (policy.SessionCounts, int) {
 		}
 	}
 	z.local = keep
-	return policy.SessionCounts{Sessions: int(max(n[0], 0)), Adopted: int(max(n[1], 0)), Untapped: int(max(n[2], 0))}, z.read.Tombs
+	return policy.SessionCounts{Sessions: int(max(n[0], 0)), Adopted: int(max(n[1], 0)), Untapped: int(max(n[2], 0))},
+		int(max(n[tombSlot], 0))
 }
 
-// publishTally writes the sweeper's tally if it changed (at most once per
-// sweep).
+// publishTally writes the sweeper's tally (once per scan, the mirrors
+// holding the zone).
 func (st *Store) publishTally() {
 	c := st.tally.counts()
 	t := publishedTally{Counts: [3]int64{int64(c.Sessions), int64(c.Adopted), int64(c.Untapped)}, Tombs: st.tombs.count(), At: time.Now().UnixNano()}
 	z := &st.zone
 	defer z.counts() // forgets the changes told before the tally it published
-	z.mu.Lock()
-	same := z.published.Counts == t.Counts && z.published.Tombs == t.Tombs && time.Duration(t.At-z.published.At) < 10*time.Second
-	z.mu.Unlock()
-	if same {
-		return
-	}
+	// Written every scan, changed or not: a tally is the count as of its
+	// time, and the changes counted on top of it are those made after.
 	b, _ := json.Marshal(t)
 	ctx, cancel := st.opCtx()
 	defer cancel()
@@ -140,7 +147,7 @@ func (st *Store) publishTally() {
 		return
 	}
 	z.mu.Lock()
-	z.published, z.read = t, t
+	z.read = t
 	z.mu.Unlock()
 }
 
