@@ -64,6 +64,7 @@ type Store struct {
 	held      heldLeases
 	sweeper   sweeperLease
 	scans     atomic.Int64         // scans this replica finished (sweep.go)
+	scanSoon  atomic.Bool          // the zone changed wholesale: the sweeper scans at its next tick
 	orphans   map[string]time.Time // the sweeper's: when it first found each orphan with an upstream cursor
 	admitting admissions
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs

@@ -206,6 +206,10 @@ func (st *Store) recoverLost(missing []string) bool {
 	st.streams.reset()
 	st.leases.reset()
 	st.mark.Store(&mark)
+	// The zone's tally counted what is lost: it starts again from nothing
+	// here, and the sweeper counts the zone anew at once.
+	st.zone.reset()
+	st.scanSoon.Store(true)
 	st.total.invalidate()
 	st.freed.fire()
 	st.counters.EventsEvicted.Add(loss.Events)

@@ -33,7 +33,7 @@ func (st *Store) sweepLoop() {
 		st.tidy(sweeper)
 		now := time.Now()
 		switch {
-		case sweeper && (sc.on || !now.Before(sc.next)):
+		case sweeper && (sc.on || !now.Before(sc.next) || st.scanSoon.Swap(false)):
 			st.scan(&sc, now)
 		default:
 			st.endScan(&sc) // the lease went mid-scan

@@ -91,6 +91,14 @@ func (st *Store) tallyNoted(m *nats.Msg) {
 	st.zone.add(tallyChange{int64(binary.BigEndian.Uint64(m.Data[2:])), int(m.Data[0]), int64(m.Data[1]) - 1})
 }
 
+// reset forgets the tally read and the changes counted on it: the zone
+// was recreated (recover.go).
+func (z *zoneTally) reset() {
+	z.mu.Lock()
+	z.read, z.local = publishedTally{At: time.Now().UnixNano()}, nil
+	z.mu.Unlock()
+}
+
 func (z *zoneTally) add(c tallyChange) {
 	z.mu.Lock()
 	z.local = append(z.local, c)
