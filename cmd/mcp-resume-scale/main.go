@@ -40,8 +40,12 @@ type config struct {
 	// idle one) during the short calls is written.
 	idleProfile string
 	// sweeperIdle starts the idle replicas first, so that one of them
-	// holds the sweeper lease (and watches the zone's records whole).
+	// holds the sweeper lease (and scans the zone).
 	sweeperIdle bool
+	// bystanders pads every run with idle Caddy processes on the memory
+	// store (not measured) up to the largest replica count: what more
+	// processes cost on this machine, apart from more replicas in the zone.
+	bystanders bool
 }
 
 func main() {
@@ -55,6 +59,7 @@ func main() {
 	flag.DurationVar(&c.settle, "settle", time.Second, "how long after a run its work is still counted")
 	quick := flag.Bool("quick", false, "smoke run: 1 round, fewer calls")
 	flag.BoolVar(&c.sweeperIdle, "sweeper-idle", false, "start the idle replicas first, so one of them is the zone's sweeper (by default replica A, started first, is)")
+	flag.BoolVar(&c.bystanders, "bystanders", false, "pad each run with idle Caddy processes on the memory store (not measured) up to the largest replica count, so every run has as many processes")
 	flag.StringVar(&c.idleProfile, "idle-cpuprofile", "", "write a CPU profile of replica B (idle) during the short calls to this file")
 	flag.Parse()
 	for _, f := range strings.Split(*reps, ",") {
@@ -83,10 +88,11 @@ func logf(format string, args ...any) {
 
 // cluster is one nats-server and N Caddy replicas on it.
 type cluster struct {
-	nats     *exec.Cmd
-	replicas []*mcptest.Process
-	bases    []string
-	admins   []string // each replica's admin endpoint
+	nats       *exec.Cmd
+	replicas   []*mcptest.Process
+	bystanders []*mcptest.Process // idle Caddy processes outside the zone (-bystanders)
+	bases      []string
+	admins     []string // each replica's admin endpoint
 }
 
 // procs are the cluster's processes: replica A, the idle replicas, nats-server.
@@ -99,8 +105,10 @@ func (cl *cluster) pids() []int {
 }
 
 func (cl *cluster) stop() {
-	for _, r := range cl.replicas {
-		r.Kill()
+	for _, r := range append(cl.replicas, cl.bystanders...) {
+		if r != nil {
+			r.Kill()
+		}
 	}
 	cl.nats.Process.Kill()
 	cl.nats.Wait()
@@ -116,7 +124,7 @@ func bins(dir string) (natsBin, caddyBin string, err error) {
 	return natsBin, caddyBin, err
 }
 
-func start(dir, natsBin, caddyBin, upstream string, n int, sweeperIdle bool) (*cluster, error) {
+func start(dir, natsBin, caddyBin, upstream string, n, bystanders int, sweeperIdle bool) (*cluster, error) {
 	port, err := testnet.FreePort()
 	if err != nil {
 		return nil, err
@@ -166,6 +174,24 @@ func start(dir, natsBin, caddyBin, upstream string, n int, sweeperIdle bool) (*c
 			}
 			time.Sleep(1500 * time.Millisecond)
 		}
+	}
+	for range bystanders {
+		var ports [4]int
+		for j := range ports {
+			if ports[j], err = testnet.CaddyPort(); err != nil {
+				cl.stop()
+				return nil, err
+			}
+		}
+		home, _ := os.MkdirTemp(dir, "caddy-")
+		cfg := mcptest.Config{AdminPort: ports[0], HTTPPort: ports[1], HTTPSPort: ports[2], Global: "metrics",
+			Sites: []mcptest.Site{{Port: ports[3], Body: "\tbind 127.0.0.1\n" + mcptest.ResumeRoute(upstream, "max_sessions 20000")}}}
+		p, err := mcptest.StartProcess(caddyBin, home, cfg)
+		if err != nil {
+			cl.stop()
+			return nil, fmt.Errorf("bystander: %v", err)
+		}
+		cl.bystanders = append(cl.bystanders, p)
 	}
 	// Ready when replica A answers an initialize (its store connected).
 	if err := waitReady(cl.bases[0]); err != nil {
@@ -322,7 +348,11 @@ func run(c config) error {
 			slices.Reverse(order)
 		}
 		for _, n := range order {
-			cl, err := start(dir, natsBin, caddyBin, upstream, n, c.sweeperIdle)
+			pad := 0
+			if c.bystanders {
+				pad = slices.Max(c.replicas) - n
+			}
+			cl, err := start(dir, natsBin, caddyBin, upstream, n, pad, c.sweeperIdle)
 			if err != nil {
 				return err
 			}
@@ -416,7 +446,11 @@ func report(c config, results map[figure][]sample) string {
 	if c.sweeperIdle {
 		sweeper = "an idle replica, started first, holds the sweeper lease (the busiest idle replica)"
 	}
-	fmt.Fprintf(&b, "- The zone's sweeper: %s.\n\n", sweeper)
+	fmt.Fprintf(&b, "- The zone's sweeper: %s.\n", sweeper)
+	if c.bystanders {
+		fmt.Fprintf(&b, "- Every run has %d Caddy processes: the replicas, and idle ones on the memory store (not measured) for the rest.\n", slices.Max(c.replicas))
+	}
+	b.WriteString("\n")
 	b.WriteString("| workload | replicas | calls/s | serving replica, CPU per call | busiest idle replica, per call served by A (of serving) | each other idle replica (of serving) | nats-server, per call | cluster, per call | cluster / cluster at 1 |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, w := range []string{"short calls", "session churn"} {
 		var cluster1 float64
