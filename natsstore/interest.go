@@ -78,6 +78,7 @@ type interestSub struct {
 	// they brought last may lag a write a moment, so it is loaded once
 	// they stop.
 	unloaded bool
+	loading  bool // being loaded again: not swept until it is
 }
 
 // noteSubject is <P>.n.<session token>.<bucket>[.<rest of key>]: every
@@ -131,13 +132,13 @@ func (st *Store) notifier(bucket string) func(key string, rev uint64, raw []byte
 // replica was interested already, or watches the buckets whole). load is
 // false for a session this replica just created, which no one else can
 // have written yet.
-func (st *Store) interestIn(sh string, load bool) {
+func (st *Store) interestIn(sh string, load bool) (begun bool) {
 	in := &st.interest
 	in.mu.Lock()
 	if s := in.subs[sh]; s != nil {
 		in.mu.Unlock()
 		<-s.ready
-		return
+		return false
 	}
 	s := &interestSub{ready: make(chan struct{})}
 	in.subs[sh] = s
@@ -177,6 +178,7 @@ func (st *Store) interestIn(sh string, load bool) {
 		}
 	}
 	close(s.ready)
+	return true
 }
 
 // dropInterest ends this replica's interest in the session with token sh
@@ -354,29 +356,36 @@ func applyNote[T any](m *mirror[T], key string, rev uint64, del bool, raw []byte
 func (st *Store) reloadInterests(all bool) {
 	in := &st.interest
 	in.mu.Lock()
-	var list []string
+	var list []*interestSub
+	var shs []string
 	for sh, s := range in.subs {
 		if all || s.stale {
-			list = append(list, sh)
-			s.stale = false
+			list, shs = append(list, s), append(shs, sh)
+			s.stale, s.loading = false, true
 		}
 	}
 	full := in.fullReady()
+	if full {
+		for _, s := range list {
+			s.stale, s.loading = true, false // loaded once the scan's watches stop
+		}
+	}
 	in.mu.Unlock()
 	if full {
 		return
 	}
-	for _, sh := range list {
+	for i, sh := range shs {
 		ctx, cancel := st.opCtx()
 		err := st.loadInterest(ctx, sh, true)
 		cancel()
+		in.mu.Lock()
+		list[i].loading = false
+		if err != nil {
+			list[i].stale = true
+		}
+		in.mu.Unlock()
 		if err != nil {
 			st.fault("interest", err)
-			in.mu.Lock()
-			if s := in.subs[sh]; s != nil {
-				s.stale = true
-			}
-			in.mu.Unlock()
 		}
 		if st.ctx.Err() != nil {
 			return
@@ -438,7 +447,7 @@ func (st *Store) servedSessions() map[string]bool {
 	for sh, s := range in.subs {
 		select {
 		case <-s.ready:
-			if !s.stale {
+			if !s.stale && !s.loading {
 				out[sh] = true
 			}
 		default:
@@ -672,6 +681,20 @@ func (st *Store) renotifier(kvBucket string, m func(key string, rev uint64, raw 
 // lost) may never have reached them. A session token is hex: it never
 // names this subject.
 func (st *Store) resyncSubject() string { return st.opts.Prefix + ".n._resync" }
+
+// disconnected is the connection's disconnect handler: the notifications
+// sent from now until the interests are loaded again are lost, so no
+// sweep judges on what this replica holds of them meanwhile (review 28: a
+// replica cut off for longer than the idle timeout expired a session
+// another kept touching).
+func (st *Store) disconnected() {
+	in := &st.interest
+	in.mu.Lock()
+	for _, s := range in.subs {
+		s.stale = true
+	}
+	in.mu.Unlock()
+}
 
 // reconnected is the connection's reconnect handler.
 func (st *Store) reconnected() {

@@ -157,15 +157,19 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("natsstore: subscribe: %w", err)
 		}
 	}
-	// A replica that finds no sweeper sweeps, and counts the zone's
-	// sessions before it admits any (a lone replica restarting is never
-	// without the count).
-	if st.holdSweeper() {
+	// A replica counts the zone's sessions before it admits any: one that
+	// finds no sweeper sweeps, and counts them itself; the others read the
+	// sweeper's last count.
+	// An embedded server of the store's own has no other replica: a
+	// sweeper lease found there is its own previous process's, which died.
+	if st.holdSweeper() || st.srv != nil {
 		if err := st.awaitFullWatch(ctx); err != nil {
 			return nil, err
 		}
 		st.publishTally()
 		st.fullWatch(false)
+	} else {
+		st.readTally() // the sweeper's last count (review 28: admission began at nothing)
 	}
 	st.wg.Add(5)
 	go st.renewLoop()
@@ -197,6 +201,7 @@ func (st *Store) connect() error {
 		// Notifications sent while the connection was down are lost:
 		// every interest is loaded again.
 		nats.ReconnectHandler(func(*nats.Conn) { st.reconnected() }),
+		nats.DisconnectErrHandler(func(*nats.Conn, error) { st.disconnected() }),
 	}
 	switch {
 	case o.Server != nil:

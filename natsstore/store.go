@@ -148,14 +148,29 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 			rec.Past = rec.Past[:maxPast]
 		}
 	}
+	// The interest first: the records written next are of interest from
+	// the moment they are (review 28: a forgetting of what is not, at a
+	// scan's end, between the writes and the handle lost them for good).
+	// A session made again (a tombstone named it) may still have an
+	// earlier incarnation's standalone lease, which its producer awaits:
+	// that is loaded.
+	again := hasTomb && tomb.ID == id
+	begun := st.interestIn(sh, again)
+	failed := func() {
+		if begun {
+			st.dropInterest(sh)
+		}
+	}
 	// The standalone stream's record first, so a session never lacks it.
 	skey := streamKey(sh, rec.Epoch, policy.StandaloneNum)
 	if _, err := st.streams.create(ctx, skey, &streamRecord{Kind: policy.StandaloneStream, Floor: 1, Created: now}); err != nil {
+		failed()
 		st.fault("create_session", err)
 		return nil, err
 	}
 	if _, err := st.sessions.create(ctx, sh, rec); err != nil {
 		st.streams.remove(ctx, skey, 0)
+		failed()
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			return nil, buffer.ErrSessionExists
 		}
@@ -170,9 +185,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 			st.fault("tombstone", err) // consumed anyway: it expires with its TTL
 		}
 	}
-	// A session made again (a tombstone named it) may still have an
-	// earlier incarnation's standalone lease, which its producer awaits.
-	return st.handle(rec, hasTomb), nil
+	return st.handle(rec, again), nil
 }
 
 // handle returns this replica's handle of a session incarnation.
@@ -248,6 +261,28 @@ func (st *Store) tombstoneOf(ctx context.Context, sh string) (*tombRecord, uint6
 // deletes, and the replica that wins clears the session's streams. Every
 // replica ends its handle when its mirror sees the record go.
 func (st *Store) Delete(id string, reason policy.Reason) bool {
+	return st.deleteWhen(id, reason, nil)
+}
+
+// expire deletes the session as idle, if it still is by KV's record: a
+// sweep judges on the record as this replica holds it, which may lag a
+// touch another replica wrote (review 28: a replica cut off from NATS for
+// longer than the idle timeout expired a session in use on another). A
+// touch written since, even after this one read it, makes the delete
+// give up, and the tombstone it wrote goes again.
+func (st *Store) expire(id string, idle time.Duration) bool {
+	ctx, cancel := st.opCtx()
+	defer cancel()
+	if _, _, err := st.sessions.fetch(ctx, sessionToken(id)); err != nil {
+		return false
+	}
+	return st.deleteWhen(id, policy.ReasonExpired, func(r *sessionRecord) bool {
+		return time.Since(time.Unix(0, r.LastActive)) >= idle+idle/10
+	})
+}
+
+// deleteWhen is Delete, of a record for which still holds (nil: any).
+func (st *Store) deleteWhen(id string, reason policy.Reason, still func(*sessionRecord) bool) bool {
 	sh := sessionToken(id)
 	ctx, cancel := st.opCtx()
 	defer cancel()
@@ -265,16 +300,27 @@ func (st *Store) Delete(id string, reason policy.Reason) bool {
 	}
 	var rec *sessionRecord
 	var end sessionEnd
+	var tombRev uint64 // the tombstone this wrote, while it is the last
 	for round := 0; ; round++ {
 		r, rev, ok := st.sessionRecord(id)
 		if !ok {
 			return false
 		}
+		if still != nil && !still(r) {
+			if tombRev != 0 && st.tombs.remove(ctx, sh, tombRev) == nil {
+				st.tombChanged(-1)
+			}
+			return false
+		}
 		end = st.ending(ctx, r, reason)
 		if err := st.tombs.put(ctx, sh, end.tomb); err != nil {
 			st.fault("tombstone", err)
-		} else if round == 0 {
-			st.tombChanged(1)
+			tombRev = 0
+		} else {
+			if tombRev == 0 {
+				st.tombChanged(1)
+			}
+			_, tombRev, _ = st.tombs.get(sh)
 		}
 		err := st.sessions.remove(ctx, sh, rev)
 		if err == nil {

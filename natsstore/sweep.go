@@ -1,6 +1,7 @@
 package natsstore
 
 import (
+	"context"
 	"errors"
 	"sort"
 	"strings"
@@ -21,36 +22,30 @@ func (st *Store) sweepLoop() {
 	defer st.wg.Done()
 	t := time.NewTicker(st.opts.SweepInterval)
 	defer t.Stop()
-	var sc scanState
+	var next time.Time // when the next scan is due
 	for {
 		select {
 		case <-st.ctx.Done():
-			st.endScan(&sc)
 			return
 		case <-t.C:
 		}
 		sweeper := !st.closing.Load() && st.holdSweeper()
 		st.tidy(sweeper)
 		now := time.Now()
-		switch {
-		case sweeper && (sc.on || !now.Before(sc.next) || st.scanSoon.Swap(false)):
-			st.scan(&sc, now)
-		default:
-			st.endScan(&sc) // the lease went mid-scan
-			st.sweep(now, st.servedSessions())
-			if !sweeper {
-				st.readTally()
+		if sweeper && (!now.Before(next) || st.scanSoon.Swap(false)) {
+			if took, ok := st.scan(now); ok {
+				// A zone whose scan is long is scanned less often: the
+				// scan takes at most a twentieth of the sweeping
+				// replica's time, up to 6 scan intervals apart.
+				next = time.Now().Add(min(max(st.opts.ScanInterval, 20*took), 6*st.opts.ScanInterval))
+				continue
 			}
 		}
+		st.sweep(now, st.servedSessions())
+		if !sweeper {
+			st.readTally()
+		}
 	}
-}
-
-// scanState is the sweeping replica's: a scan under way, and when the
-// next is due.
-type scanState struct {
-	on      bool
-	started time.Time
-	next    time.Time
 }
 
 // scan sweeps the zone whole: the work no replica serving a session does
@@ -61,33 +56,25 @@ type scanState struct {
 // is done), sweeps, publishes the tally and forgets again what this
 // replica does not serve (issue 24: watched whole for good, the buckets
 // brought the sweeping replica every write of every call, a fifth of the
-// serving replica's CPU). The loading may span several ticks.
-func (st *Store) scan(sc *scanState, now time.Time) {
-	if !sc.on {
-		sc.on, sc.started = true, now
-	}
-	if !st.fullWatch(true) {
-		return // loading; the next tick looks again
+// serving replica's CPU). It reports how long it took, and whether the
+// buckets could be loaded.
+func (st *Store) scan(now time.Time) (time.Duration, bool) {
+	ctx, cancel := context.WithTimeout(st.ctx, scanLoadTimeout)
+	defer cancel()
+	defer st.fullWatch(false)
+	if err := st.awaitFullWatch(ctx); err != nil {
+		st.fault("scan", err)
+		return 0, false
 	}
 	st.sweep(now, nil)
-	ctx, cancel := st.opCtx()
 	st.dropTombstones(ctx)
-	cancel()
 	st.publishTally()
-	st.endScan(sc)
 	st.scans.Add(1)
-	// A zone whose scan is long is scanned less often: the scan takes at
-	// most a twentieth of the sweeping replica's time.
-	sc.next = time.Now().Add(max(st.opts.ScanInterval, 20*time.Since(sc.started)))
+	return time.Since(now), true
 }
 
-// endScan ends a scan under way, if any.
-func (st *Store) endScan(sc *scanState) {
-	if sc.on {
-		st.fullWatch(false)
-		sc.on = false
-	}
-}
+// scanLoadTimeout bounds the loading of the buckets for a scan.
+const scanLoadTimeout = 30 * time.Second
 
 // endedStream is an ended request stream, for retiring.
 type endedStream struct {
@@ -113,9 +100,14 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 	connected := make(map[string]bool)      // incarnations a client reads
 	ended := make(map[string][]endedStream) // incarnation -> ended request streams
 	orphans := make(map[string]time.Time)   // orphans waiting for a takeover, since
-	for key, since := range st.orphans {
-		if !in(key) {
-			orphans[key] = since // not swept now: kept as found
+	if st.sweeps() {
+		// Not swept now, but by the next scan: kept as found. (Elsewhere
+		// they go with the sessions this replica stops serving; one that
+		// becomes the sweeper counts afresh.)
+		for key, since := range st.orphans {
+			if !in(key) {
+				orphans[key] = since
+			}
 		}
 	}
 	st.streams.each(func(key string, rec *streamRecord, _ uint64) {
@@ -165,7 +157,7 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 			}
 		})
 		for _, id := range expired {
-			st.Delete(id, policy.ReasonExpired)
+			st.expire(id, idle)
 		}
 	}
 	if !whole {
