@@ -156,7 +156,9 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	// that is loaded.
 	again := hasTomb && tomb.ID == id
 	begun := st.interestIn(sh, again)
+	created, undo := st.reserved(meta.Origin)
 	failed := func() {
+		undo()
 		if begun {
 			st.dropInterest(sh)
 		}
@@ -177,7 +179,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 		st.fault("create_session", err)
 		return nil, err
 	}
-	st.tallyChanged(rec, 1)
+	created(rec)
 	if hasTomb && tomb.ID == id {
 		if err := st.tombs.remove(ctx, sh, tombRev); err == nil {
 			st.tombChanged(-1)
