@@ -235,7 +235,13 @@ func (st *Store) loadInterest(ctx context.Context, sh string, prune bool) error 
 	}
 	onErr := func(err error) { st.fault("interest", err) }
 	if _, _, err := st.sessions.fetch(ctx, sh); errors.Is(err, errNotFound) {
-		if prune {
+		// Gone, though read a moment before the subscription (a first
+		// load follows a look-up): its deletion's notification may have
+		// been sent before the subscription was in place, and then the
+		// handle would never end (a resume racing a DELETE on another
+		// replica hung). Unless NATS lost the zone's data (the recovery
+		// tombstones what it held).
+		if prune || st.zoneIntact(ctx) {
 			st.sessions.pruneUnseen(sh, nil, begun)
 		}
 	} else if err != nil {

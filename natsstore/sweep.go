@@ -245,7 +245,9 @@ func (st *Store) awaitsTakeover(key string, rec *streamRecord, now time.Time, or
 }
 
 // hasCursor reports whether the stream key recorded an upstream cursor: in
-// its record, or with its last stored message.
+// its record, or with its last stored message. A message that cannot be
+// read now counts as one that may carry it: failing the stream cannot be
+// undone, waiting for a takeover is bounded.
 func (st *Store) hasCursor(key string, rec *streamRecord) bool {
 	if rec.Upstream != "" {
 		return true
@@ -253,7 +255,7 @@ func (st *Store) hasCursor(key string, rec *streamRecord) bool {
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	m, err := st.lastWhole(ctx, st.names.subject(key), rec.FloorMsg)
-	return err == nil && m != nil && m.upstream != ""
+	return err != nil || m != nil && m.upstream != ""
 }
 
 // failOrphan ends a live request stream whose producer's lease lapsed (its
