@@ -551,25 +551,12 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 
 // fetch reads key from KV (not the mirror, which may lag) and applies it.
 func (m *mirror[T]) fetch(ctx context.Context, key string) ([]byte, uint64, error) {
-	for round := 0; ; round++ {
-		e, err := m.kv.Get(ctx, key)
-		switch {
-		case err == nil:
-			v := new(T)
-			if err := json.Unmarshal(e.Value(), v); err != nil {
-				return nil, 0, err
-			}
-			m.apply(key, e.Revision(), e.Value(), v)
-			return e.Value(), e.Revision(), nil
-		case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
-			return nil, 0, errNotFound
-		case !transient(err) || round >= 20:
-			return nil, 0, err
-		}
-		if !sleepCtx(ctx, backoff(round)) {
-			return nil, 0, ctx.Err()
-		}
+	v, rev, raw, err := m.readErr(ctx, key)
+	if err != nil {
+		return nil, 0, err
 	}
+	m.apply(key, rev, raw, v)
+	return raw, rev, nil
 }
 
 // create writes a new key; jetstream.ErrKeyExists if it exists.

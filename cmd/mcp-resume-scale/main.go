@@ -147,24 +147,12 @@ func start(dir, natsBin, caddyBin, upstream string, n, bystanders int, sweeperId
 		order = append(order[1:], 0)
 	}
 	for k, i := range order {
-		var ports [4]int
-		for j := range ports {
-			if ports[j], err = testnet.CaddyPort(); err != nil {
-				cl.stop()
-				return nil, err
-			}
-		}
-		home, _ := os.MkdirTemp(dir, "caddy-")
-		cfg := mcptest.Config{AdminPort: ports[0], HTTPPort: ports[1], HTTPSPort: ports[2], Global: "metrics",
-			Sites: []mcptest.Site{{Port: ports[3], Body: "\tbind 127.0.0.1\n" + mcptest.ResumeRoute(upstream, store+"\nmax_sessions 20000")}}}
-		p, err := mcptest.StartProcess(caddyBin, home, cfg)
+		p, base, admin, err := startCaddy(dir, caddyBin, upstream, store)
 		if err != nil {
 			cl.stop()
 			return nil, fmt.Errorf("replica %d: %v", i+1, err)
 		}
-		cl.replicas[i] = p
-		cl.bases[i] = fmt.Sprintf("http://127.0.0.1:%d", ports[3])
-		cl.admins[i] = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+		cl.replicas[i], cl.bases[i], cl.admins[i] = p, base, admin
 		if k == 0 && n > 1 {
 			// The first replica's store opens on its first request; its
 			// sweep takes the lease half a second later.
@@ -176,17 +164,7 @@ func start(dir, natsBin, caddyBin, upstream string, n, bystanders int, sweeperId
 		}
 	}
 	for range bystanders {
-		var ports [4]int
-		for j := range ports {
-			if ports[j], err = testnet.CaddyPort(); err != nil {
-				cl.stop()
-				return nil, err
-			}
-		}
-		home, _ := os.MkdirTemp(dir, "caddy-")
-		cfg := mcptest.Config{AdminPort: ports[0], HTTPPort: ports[1], HTTPSPort: ports[2], Global: "metrics",
-			Sites: []mcptest.Site{{Port: ports[3], Body: "\tbind 127.0.0.1\n" + mcptest.ResumeRoute(upstream, "max_sessions 20000")}}}
-		p, err := mcptest.StartProcess(caddyBin, home, cfg)
+		p, _, _, err := startCaddy(dir, caddyBin, upstream, "") // the memory store
 		if err != nil {
 			cl.stop()
 			return nil, fmt.Errorf("bystander: %v", err)
@@ -199,6 +177,24 @@ func start(dir, natsBin, caddyBin, upstream string, n, bystanders int, sweeperId
 		return nil, err
 	}
 	return cl, nil
+}
+
+// startCaddy starts a Caddy process proxying to upstream with mcp_resume
+// on store (a Caddyfile store block; "" for the memory store).
+func startCaddy(dir, caddyBin, upstream, store string) (p *mcptest.Process, base, admin string, err error) {
+	var ports [4]int
+	for j := range ports {
+		if ports[j], err = testnet.CaddyPort(); err != nil {
+			return nil, "", "", err
+		}
+	}
+	home, _ := os.MkdirTemp(dir, "caddy-")
+	cfg := mcptest.Config{AdminPort: ports[0], HTTPPort: ports[1], HTTPSPort: ports[2], Global: "metrics",
+		Sites: []mcptest.Site{{Port: ports[3], Body: "\tbind 127.0.0.1\n" + mcptest.ResumeRoute(upstream, store+"\nmax_sessions 20000")}}}
+	if p, err = mcptest.StartProcess(caddyBin, home, cfg); err != nil {
+		return nil, "", "", err
+	}
+	return p, fmt.Sprintf("http://127.0.0.1:%d", ports[3]), fmt.Sprintf("http://127.0.0.1:%d", ports[0]), nil
 }
 
 // waitReady waits until the replica at base answers an initialize.
