@@ -83,7 +83,6 @@ func r29Ping(r *replica, sid string, id int) int {
 // events: every event once, then the result. Without: an explicit failure
 // (gap / JSON-RPC error), never silence.
 func TestReview29KilledProducerResumedOnStranger(t *testing.T) {
-	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		store bool
@@ -122,7 +121,6 @@ func TestReview29KilledProducerResumedOnStranger(t *testing.T) {
 // on r2; after 5 progress notifications r2 is SIGKILLed and the balancer
 // sends to r3 (never served the session, not the sweeper).
 func TestReview29SDKProducerKilledMovedToStranger(t *testing.T) {
-	t.Parallel()
 	d, _, _ := r29Deploy(t, 3, demoserver.Options{EventStore: true}, "")
 	r2, r3 := d.replicas[1], d.replicas[2]
 	d.lb.SetTarget(r2.addr())
@@ -141,7 +139,6 @@ func TestReview29SDKProducerKilledMovedToStranger(t *testing.T) {
 // while used (same epoch throughout, no expiry logged). Then the client
 // goes away: it must expire.
 func TestReview29IdleExpiryAcrossACutOff(t *testing.T) {
-	t.Parallel()
 	for _, cut := range []int{0, 1} {
 		t.Run(fmt.Sprintf("cut-r%d", cut+1), func(t *testing.T) {
 			t.Parallel()
@@ -216,7 +213,6 @@ func TestReview29IdleExpiryAcrossACutOff(t *testing.T) {
 // are SIGKILLed together: r3, which never served it, must take the sweeper
 // lease and expire it; its sessions gauge must come to 0.
 func TestReview29IdleExpiryAfterServerAndSweeperDie(t *testing.T) {
-	t.Parallel()
 	d, _, _ := r29Deploy(t, 3, demoserver.Options{}, "session_idle_timeout 3s")
 	r1, r2, r3 := d.replicas[0], d.replicas[1], d.replicas[2]
 	c := harness.NewSession(t, "http://"+r2.addr(), "2025-11-25")
@@ -253,7 +249,6 @@ func TestReview29IdleExpiryAfterServerAndSweeperDie(t *testing.T) {
 // replica admits another. Deletions on other replicas than the creators;
 // the gauge converges to the zone's count on every replica.
 func TestReview29MaxSessionsRoundRobin(t *testing.T) {
-	t.Parallel()
 	r29MaxSessions(t)
 }
 
@@ -359,7 +354,6 @@ func r29MaxSessions(t *testing.T) {
 // producer, upstream without an event store) dies too. The reader on r3
 // must get every event once and an explicit end.
 func TestReview29SweepersKilledDuringScans(t *testing.T) {
-	t.Parallel()
 	d, _, _ := r29Deploy(t, 5, demoserver.Options{}, "")
 	r2, r3 := d.replicas[1], d.replicas[2]
 	for i := 0; i < 150; i++ {
@@ -413,7 +407,6 @@ func TestReview29SweepersKilledDuringScans(t *testing.T) {
 // after all had time to sweep, gets every progress once, then exactly one
 // gap and one error for the call, then the end.
 func TestReview29OrphanFailedOnceByAllServers(t *testing.T) {
-	t.Parallel()
 	d, _, _ := r29Deploy(t, 4, demoserver.Options{}, "")
 	r2, r4 := d.replicas[1], d.replicas[3]
 	c := harness.NewSession(t, "http://"+r2.addr(), "2025-11-25")
@@ -483,7 +476,6 @@ func TestReview29OrphanFailedOnceByAllServers(t *testing.T) {
 // SIGKILLed: a session with a connected client must not expire (r3 and the
 // new sweeper judge it). Once the GET is closed it expires.
 func TestReview29ConnectedGETOnlyKeepsSession(t *testing.T) {
-	t.Parallel()
 	d, _, _ := r29Deploy(t, 4, demoserver.Options{}, "session_idle_timeout 3s")
 	r1, r2, r3 := d.replicas[0], d.replicas[1], d.replicas[2]
 	c := harness.NewSession(t, "http://"+r2.addr(), "2025-11-25")
