@@ -61,6 +61,22 @@ func (st *Store) sweepLoop() {
 func (st *Store) scan(now time.Time) (time.Duration, bool) {
 	ctx, cancel := context.WithTimeout(st.ctx, scanLoadTimeout)
 	defer cancel()
+	// The sweeper lease is renewed while the scan runs: a scan may take
+	// longer than the lease (a loaded machine, a large zone), and a lease
+	// lost mid-scan made another replica (or this one, later) count each
+	// orphan's wait for a takeover afresh, over and over.
+	go func() {
+		t := time.NewTicker(st.sweeperTTL() / 4)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				st.holdSweeper()
+			}
+		}
+	}()
 	defer st.fullWatch(false)
 	if err := st.awaitFullWatch(ctx); err != nil {
 		st.fault("scan", err)
@@ -137,6 +153,11 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 		}
 		switch {
 		case rec.Kind != policy.RequestStream:
+		case !whole:
+			// A dead producer's stream is the sweeper's to end: the
+			// replica serving its session is the one a client comes back
+			// to, whose takeover its own sweep would race (a takeover of
+			// a takeover once lost to it).
 		case !st.holds(key) && now.Sub(time.Unix(0, rec.Created)) >= ttl:
 			if !st.leased(st.ctx, key) && !st.awaitsTakeover(key, rec, now, orphans) {
 				st.failOrphan(key)
