@@ -63,10 +63,11 @@ type interest struct {
 	notes  chan *nats.Msg
 
 	full struct {
-		on     bool
-		cancel context.CancelFunc
-		ready  []<-chan struct{}
-		done   []<-chan struct{}
+		on       bool
+		starting bool // the watches are being started: nothing is forgotten
+		cancel   context.CancelFunc
+		ready    []<-chan struct{}
+		done     []<-chan struct{}
 	}
 }
 
@@ -194,7 +195,7 @@ func (st *Store) dropInterest(sh string) {
 		return
 	}
 	delete(in.subs, sh)
-	if !in.full.on {
+	if !in.full.on && !in.full.starting {
 		prefix := sh + "."
 		other := func(key string) bool { return key != sh && !strings.HasPrefix(key, prefix) }
 		st.sessions.forget(other)
@@ -499,7 +500,7 @@ func (st *Store) forgetUninterested() {
 	in := &st.interest
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if !in.full.on {
+	if !in.full.on && !in.full.starting {
 		st.keepInterestsOnly()
 	}
 }
@@ -531,6 +532,13 @@ func (st *Store) fullWatch(on bool) bool {
 	in.mu.Unlock()
 	switch {
 	case on && !cur:
+		// What the watches bring is kept from their first entry: a
+		// forgetting of what is not of interest meanwhile (interestLoop)
+		// would leave holes in the zone a scan then judges whole (a
+		// session's streams cleared as its deletion's leftovers).
+		in.mu.Lock()
+		in.full.starting = true
+		in.mu.Unlock()
 		ctx, cancel := context.WithCancel(st.ctx)
 		onErr := func(err error) { st.fault("watch", err) }
 		var ready, done []<-chan struct{}
@@ -543,13 +551,17 @@ func (st *Store) fullWatch(on bool) bool {
 				for _, d := range done {
 					<-d
 				}
+				in.mu.Lock()
+				in.full.starting = false
+				st.keepInterestsOnly()
+				in.mu.Unlock()
 				st.fault("watch", err) // asked again on the next sweep
 				return false
 			}
 			ready, done = append(ready, r), append(done, d)
 		}
 		in.mu.Lock()
-		in.full.on, in.full.cancel, in.full.ready, in.full.done = true, cancel, ready, done
+		in.full.on, in.full.starting, in.full.cancel, in.full.ready, in.full.done = true, false, cancel, ready, done
 		in.mu.Unlock()
 	case !on && cur:
 		st.stopFull()

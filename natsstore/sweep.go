@@ -30,6 +30,9 @@ func (st *Store) sweepLoop() {
 		case <-t.C:
 		}
 		sweeper := !st.closing.Load() && st.holdSweeper()
+		if !sweeper {
+			st.orphans = nil // one that sweeps again counts afresh
+		}
 		st.tidy(sweeper)
 		now := time.Now()
 		if sweeper && (!now.Before(next) || st.scanSoon.Swap(false)) {
@@ -115,17 +118,9 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 	ttl := st.opts.LeaseTTL
 	connected := make(map[string]bool)      // incarnations a client reads
 	ended := make(map[string][]endedStream) // incarnation -> ended request streams
-	orphans := make(map[string]time.Time)   // orphans waiting for a takeover, since
-	if st.sweeps() {
-		// Not swept now, but by the next scan: kept as found. (Elsewhere
-		// they go with the sessions this replica stops serving; one that
-		// becomes the sweeper counts afresh.)
-		for key, since := range st.orphans {
-			if !in(key) {
-				orphans[key] = since
-			}
-		}
-	}
+	// Orphans waiting for a takeover, since: found by the scans only (see
+	// below), so only a scan makes the set anew.
+	orphans := make(map[string]time.Time)
 	st.streams.each(func(key string, rec *streamRecord, _ uint64) {
 		if !in(key) {
 			return
@@ -164,7 +159,9 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 			}
 		}
 	})
-	st.orphans = orphans
+	if whole {
+		st.orphans = orphans
+	}
 	for _, list := range ended {
 		st.retire(list, now)
 	}
