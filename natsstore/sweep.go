@@ -101,13 +101,13 @@ type endedStream struct {
 	ended int64
 }
 
-// sweep evicts what has become evictable, ends streams whose producer
-// died, retires spent stream records, expires idle sessions: what the
-// memory store's sweeper does, for the sessions with tokens in served (nil:
-// the zone's every session, which the mirrors then hold; with them,
-// incarnations left half deleted and old tombstones). Several replicas
-// may sweep a session: every write here is a compare-and-set, and a dead
-// producer's stream is failed under its lease.
+// sweep evicts what has become evictable, retires spent stream records,
+// expires idle sessions: what the memory store's sweeper does, for the
+// sessions with tokens in served (nil: a scan, the zone's every session,
+// which the mirrors then hold; a scan also ends streams whose producer
+// died, and clears incarnations left half deleted and old tombstones).
+// Several replicas may sweep a session: every write here is a
+// compare-and-set.
 func (st *Store) sweep(now time.Time, served map[string]bool) {
 	whole := served == nil
 	in := func(key string) bool {
