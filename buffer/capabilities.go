@@ -121,6 +121,27 @@ const TailKeep = 16
 // back at an eviction).
 func FieldsSum(fields []byte) uint64 { return xxhash.Sum64(fields) }
 
+// SessionLookup is a Store whose reads of a session can fail (a shared one
+// out of reach): LookupSession tells a read that failed (an error) from a
+// session the store does not hold (nil, nil), which Session reports alike.
+// The proxy must not take a session it could not read for one that does
+// not exist: a request naming it would pass unchecked.
+type SessionLookup interface {
+	LookupSession(id string) (Session, error)
+}
+
+// LookupSession is st's session id: nil if it holds none, an error if it
+// could not tell.
+func LookupSession(st Store, id string) (Session, error) {
+	if l, ok := st.(SessionLookup); ok {
+		return l.LookupSession(id)
+	}
+	if s, ok := st.Session(id); ok {
+		return s, nil
+	}
+	return nil, nil
+}
+
 // Succession names the producers of a stream taken over, for operators.
 type Succession struct {
 	Previous, Current string // replica IDs

@@ -215,18 +215,27 @@ func (st *Store) handle(rec *sessionRecord, load bool) *session {
 // Session implements buffer.Store. A session this replica's mirror does
 // not hold yet (created elsewhere a moment ago) is read from KV.
 func (st *Store) Session(id string) (buffer.Session, bool) {
+	s, err := st.LookupSession(id)
+	return s, err == nil && s != nil
+}
+
+// LookupSession implements buffer.SessionLookup: a failed read of the
+// session's record is an error, counted and logged (op session_read), not
+// an unknown session.
+func (st *Store) LookupSession(id string) (buffer.Session, error) {
 	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
 	defer cancel()
 	rec, _, err := st.sessions.lookupErr(ctx, sessionToken(id))
-	if err != nil && !errors.Is(err, errNotFound) {
-		// Taken as unknown, which the engine answers as for a session
-		// this replica never saw: say why, it is not.
+	switch {
+	case errors.Is(err, errNotFound):
+		return nil, nil
+	case err != nil:
 		st.fault(opSessionRead, err)
+		return nil, err
+	case rec.ID != id:
+		return nil, nil
 	}
-	if err != nil || rec.ID != id {
-		return nil, false
-	}
-	return st.handle(rec, true), true
+	return st.handle(rec, true), nil
 }
 
 // opSessionRead is the failed read of a session record that made the

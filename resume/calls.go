@@ -22,12 +22,15 @@ const peekLimit = 64 << 10
 
 // servePost handles a POST: initialize (learn the session), requests of a
 // session (tap the SSE response), and everything else (pass through).
-func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, sid string) error {
+func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, sid string, seen buffer.Session) error {
 	st := h.rt.store
 	var sess buffer.Session
 	known := false
 	if sid != "" {
 		sess, known = st.Session(sid)
+		if goOn, err := h.reauthorize(w, r, next, sid, policy.Call, seen, sess); !goOn {
+			return err
+		}
 	}
 	limit := int64(peekLimit)
 	if known {

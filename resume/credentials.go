@@ -217,17 +217,34 @@ type bound struct {
 // reports whether it goes on; when it does not, the client has its answer.
 func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, sid string,
 	kind policy.RequestKind) (goOn bool, err error) {
-	a, b := h.access(r, sid, kind)
+	_, goOn, err = h.authorizeSeen(w, r, next, sid, kind)
+	return goOn, err
+}
+
+// authorizeSeen is authorize, also returning the session it found (nil if
+// none). A serving path that finds a session where this found none (one
+// created meanwhile: an adoption, another replica's) authorizes again
+// (reauthorize): a request passed for an unknown session is unchecked.
+func (h *Engine) authorizeSeen(w http.ResponseWriter, r *http.Request, next Next, sid string,
+	kind policy.RequestKind) (seen buffer.Session, goOn bool, err error) {
+	a, b, lerr := h.access(r, sid, kind)
+	if lerr != nil {
+		// Not a session unknown: one the store could not read, maybe
+		// bound to another credential. Nothing passes on a guess.
+		h.logger.Warn("request refused: the store could not read its session", zap.String("session", sid), zap.Error(lerr))
+		return nil, false, h.refuse(w, refuseUnavailable, to{sid: sid, lastID: r.Header.Get(hdrLastEventID)})
+	}
+	seen = b.sess
 	switch policy.Authorize(a) {
 	case policy.Deny:
 		lastID := r.Header.Get(hdrLastEventID)
 		if r.Method == http.MethodGet && lastID != "" {
 			resumes.WithLabelValues(policy.Reject.String()).Inc()
 		}
-		return false, h.refuse(w, refuseCredentials, to{sid: sid, lastID: lastID})
+		return seen, false, h.refuse(w, refuseCredentials, to{sid: sid, lastID: lastID})
 	case policy.Vouch:
 		if goOn, err = h.vouch(w, r, next, sid, a, b); !goOn {
-			return goOn, err
+			return seen, goOn, err
 		}
 	}
 	if b.sess != nil && a.Bearer {
@@ -237,24 +254,39 @@ func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, si
 		// become what a takeover carries.
 		h.rt.freshest.note(b.sess, r)
 	}
-	return true, nil
+	return seen, true, nil
+}
+
+// reauthorize authorizes a request again once a serving path found its
+// session where authorizeSeen saw none (seen nil); it reports whether the
+// request goes on, and when it does not, the client has its answer.
+func (h *Engine) reauthorize(w http.ResponseWriter, r *http.Request, next Next, sid string,
+	kind policy.RequestKind, seen, found buffer.Session) (goOn bool, err error) {
+	if found == nil || seen != nil {
+		return true, nil
+	}
+	return h.authorize(w, r, next, sid, kind)
 }
 
 // access is what the proxy knows of the session a request names, for
 // policy.Authorize.
-func (h *Engine) access(r *http.Request, sid string, kind policy.RequestKind) (policy.Access, bound) {
+func (h *Engine) access(r *http.Request, sid string, kind policy.RequestKind) (policy.Access, bound, error) {
 	a := policy.Access{Named: sid != "", Kind: kind, RebindOff: h.rebindMode() == policy.RebindOff}
 	if !a.Named {
-		return a, bound{}
+		return a, bound{}, nil
 	}
 	var b bound
-	if sess, ok := h.rt.store.Session(sid); ok {
+	sess, err := buffer.LookupSession(h.rt.store, sid)
+	if err != nil {
+		return a, b, err
+	}
+	if sess != nil {
 		b = bound{sess: sess, meta: sess.Meta()}
 	} else if tomb, ok := h.rt.store.Tombstone(sid); ok {
 		b.meta = buffer.SessionMeta{Version: tomb.Version, Fingerprint: tomb.Fingerprint, Bind: tomb.Bind,
 			Credential: tomb.Credential}
 	} else {
-		return a, b
+		return a, b, nil
 	}
 	a.Remembered = true
 	got := h.identity(r, b.meta.Bind)
@@ -273,7 +305,7 @@ func (h *Engine) access(r *http.Request, sid string, kind policy.RequestKind) (p
 		}
 		a.UpstreamRefused = h.rt.freshest.refused(sid, sum)
 	}
-	return a, b
+	return a, b, nil
 }
 
 // vouch asks the upstream whether it accepts the request's credential for

@@ -126,7 +126,8 @@ func (h *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request, next Next) er
 	// its identity, whatever its method, version, content type or body, and
 	// a credential the upstream accepts for it: checked first, so no path
 	// around it exists.
-	if goOn, err := h.authorize(w, r, next, sid, kind); !goOn {
+	seen, goOn, err := h.authorizeSeen(w, r, next, sid, kind)
+	if !goOn {
 		return err
 	}
 	// What the proxy takes part in: JSON POSTs and SSE GETs of versions
@@ -137,14 +138,14 @@ func (h *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request, next Next) er
 	switch kind {
 	case policy.Call:
 		if isJSON(r.Header.Get("Content-Type")) {
-			return h.servePost(w, r, next, sid)
+			return h.servePost(w, r, next, sid, seen)
 		}
 	case policy.ReadsLog:
 		if sid != "" {
-			return h.serveGet(w, r, next, sid)
+			return h.serveGet(w, r, next, sid, seen)
 		}
 	case policy.EndSession:
-		return h.serveDelete(w, r, next, sid)
+		return h.serveDelete(w, r, next, sid, seen)
 	}
 	return next.ServeHTTP(w, r)
 }

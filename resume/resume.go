@@ -15,9 +15,13 @@ import (
 )
 
 // serveGet handles GET text/event-stream: the standalone stream, and resumes
-// (Last-Event-ID) of any stream, answered from the log.
-func (h *Engine) serveGet(w http.ResponseWriter, r *http.Request, next Next, sid string) error {
+// (Last-Event-ID) of any stream, answered from the log. seen is the
+// session authorize found.
+func (h *Engine) serveGet(w http.ResponseWriter, r *http.Request, next Next, sid string, seen buffer.Session) error {
 	sess, known := h.rt.store.Session(sid)
+	if goOn, err := h.reauthorize(w, r, next, sid, policy.ReadsLog, seen, sess); !goOn {
+		return err
+	}
 	if known && !resumable(sess.Meta().Version) {
 		return next.ServeHTTP(w, r) // a session that is never tapped
 	}
@@ -288,6 +292,11 @@ func (h *Engine) serveAdopt(w http.ResponseWriter, r *http.Request, next Next, s
 // look missed it (a shared store's read that failed, another replica's
 // creation not yet visible), and it is answered as the resume it is.
 func (h *Engine) serveAdopted(w http.ResponseWriter, r *http.Request, next Next, s buffer.Session, lastID string, reason policy.Reason) error {
+	// The request was let through for a session unknown; this one is known
+	// now, and holds a log: it is served only to its own credential.
+	if goOn, err := h.authorize(w, r, next, s.ID(), policy.ReadsLog); !goOn {
+		return err
+	}
 	if cur, err := eventid.Parse(lastID); err == nil && cur.Epoch == s.Epoch() {
 		return h.serveResume(w, r, next, s.ID(), s, lastID)
 	}
