@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
@@ -32,15 +34,28 @@ const tallyKey = "tally"
 type publishedTally struct {
 	Counts [3]int64 `json:"n"` // Sessions, Adopted, Untapped (tallySlot)
 	Tombs  int      `json:"tombs"`
-	At     int64    `json:"at"` // unix nanos, the sweeper's clock
+	// At is when it was taken, unix nanos, on the sweeper's clock as
+	// published; as read (zoneTally.read), on the reader's own.
+	At int64 `json:"at"`
 }
 
 // zoneTally is the last published tally this replica read, and the
 // creations and deletions made since (its own, and those it was told of).
+//
+// Every time compared here is this replica's own clock: another replica's
+// clock may run ahead or behind (review 30: a sweeper ten minutes ahead
+// froze the others' counts, and admission let 11 sessions into 6). A
+// tally read is newer by its KV revision, not its stamp, and is taken as
+// made at the last poll that did not see it yet: a change of the time
+// between is counted on top of the tally that may include it already,
+// erring towards refusing a place for a sweep interval, never towards
+// admitting one more. A notice is stamped when it arrives.
 type zoneTally struct {
-	mu    sync.Mutex
-	read  publishedTally
-	local []tallyChange // the zone's creations (+1) and deletions (-1) since the reading, as told
+	mu     sync.Mutex
+	read   publishedTally
+	rev    uint64        // the KV revision of read
+	polled int64         // when this replica last read the tally's key (unix nanos), 0 before
+	local  []tallyChange // the zone's creations (+1) and deletions (-1) since the reading, as told
 }
 
 type tallyChange struct {
@@ -113,14 +128,16 @@ func (st *Store) tallyNoted(m *nats.Msg) {
 	if len(m.Data) != 10 || m.Data[0] > 2 || m.Data[1] != 0 && m.Data[1] != 2 {
 		return
 	}
-	st.zone.add(tallyChange{int64(binary.BigEndian.Uint64(m.Data[2:])), int(m.Data[0]), int64(m.Data[1]) - 1})
+	// Stamped as it arrives: the teller's stamp is on its own clock
+	// (still sent, for replicas of earlier versions).
+	st.zone.add(tallyChange{time.Now().UnixNano(), int(m.Data[0]), int64(m.Data[1]) - 1})
 }
 
 // reset forgets the tally read and the changes counted on it: the zone
 // was recreated (recover.go).
 func (z *zoneTally) reset() {
 	z.mu.Lock()
-	z.read, z.local = publishedTally{At: time.Now().UnixNano()}, nil
+	z.read, z.local, z.rev, z.polled = publishedTally{At: time.Now().UnixNano()}, nil, 0, 0
 	z.mu.Unlock()
 }
 
@@ -175,12 +192,13 @@ func (st *Store) publishTally() {
 	b, _ := json.Marshal(t)
 	ctx, cancel := st.opCtx()
 	defer cancel()
-	if _, err := st.meta.Put(ctx, tallyKey, b); err != nil {
+	rev, err := st.meta.Put(ctx, tallyKey, b)
+	if err != nil {
 		st.fault("tally", err)
 		return
 	}
 	z.mu.Lock()
-	z.read = t
+	z.read, z.rev, z.polled = t, rev, t.At
 	z.mu.Unlock()
 }
 
@@ -189,17 +207,33 @@ func (st *Store) readTally() {
 	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
 	defer cancel()
 	e, err := st.meta.Get(ctx, tallyKey)
+	now := time.Now().UnixNano()
+	z := &st.zone
 	if err != nil {
-		return // none yet, or NATS out of reach: the last reading stands
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			z.mu.Lock()
+			z.polled = now // none yet: one published from now on is newer
+			z.mu.Unlock()
+		}
+		return // NATS out of reach: the last reading stands
 	}
 	var t publishedTally
 	if json.Unmarshal(e.Value(), &t) != nil {
 		return
 	}
-	st.zone.mu.Lock()
-	if t.At >= st.zone.read.At {
-		st.zone.read = t
+	z.mu.Lock()
+	// A later revision is a later tally; an earlier one is a lagging
+	// replica of the bucket answering (direct gets), and ignored. After
+	// data loss the bucket's revisions start again: reset (recover.go)
+	// forgets the revision read.
+	if e.Revision() > z.rev {
+		t.At = z.polled
+		if t.At == 0 {
+			t.At = now // the first reading: nothing counted here before it
+		}
+		z.read, z.rev = t, e.Revision()
 	}
-	st.zone.mu.Unlock()
-	st.zone.counts() // forgets the changes the reading includes
+	z.polled = now
+	z.mu.Unlock()
+	z.counts() // forgets the changes the reading includes
 }
