@@ -37,24 +37,13 @@ func (f *firstLooksMiss) Session(id string) (buffer.Session, bool) {
 func TestAResumeWhoseFirstLookMissedIsStillAResume(t *testing.T) {
 	t.Parallel()
 	h := testHandler(t)
-	sess := newSession(t, h, "2025-11-25")
-	st := sess.Standalone()
-	p, err := st.TakeProducer(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 1; i <= 3; i++ {
-		if _, err := st.Append(context.Background(), buffer.Entry{Fields: []byte(`data: {"n":` + string(rune('0'+i)) + "}\n")}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sess := standaloneWithEvents(t, h)
 	// The client was sent and acknowledged 1 and 2 (its earlier resume).
-	if _, rd, err := st.Resume(2, func(policy.StreamView) policy.Resume { return policy.Resume{Kind: policy.Noop} }); err != nil {
+	if _, rd, err := sess.Standalone().Resume(2, func(policy.StreamView) policy.Resume { return policy.Resume{Kind: policy.Noop} }); err != nil {
 		t.Fatal(err)
 	} else if rd != nil {
 		rd.Close()
 	}
-	p.Done()
 	// The request's authorization looks, then serveGet: both miss.
 	miss := &firstLooksMiss{Backend: h.rt.store}
 	miss.misses.Store(2)

@@ -4,14 +4,12 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -79,16 +77,7 @@ func TestAPipeliningClientThatReadsNothingNeverHoldsTheTap(t *testing.T) {
 	up := &pipelinedUpstream{k: 8, pad: 300}
 	srv := pipelinedServer(t, h, up)
 
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024) })
-		return serr
-	}}
-	conn, err := d.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialStalled(t, srv)
 	const calls = 3000
 	go func() {
 		bw := bufio.NewWriter(conn)

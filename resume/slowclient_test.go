@@ -22,6 +22,23 @@ import (
 // a relay run in the tap's own goroutine was tried and dropped, see
 // pipelining_test.go.)
 
+// dialStalled connects to srv with the smallest receive buffer, for a
+// client that reads nothing: the connection closes with the test.
+func dialStalled(t *testing.T, srv *httptest.Server) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024) })
+		return serr
+	}}
+	conn, err := d.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 // callOver is post's tools/call (id 1) as a request to srv.
 func callOver(t *testing.T, srv *httptest.Server) *http.Request {
 	t.Helper()
@@ -60,17 +77,7 @@ func TestAStalledClientNeverHoldsTheTap(t *testing.T) {
 	}}
 	srv := relayServer(t, h, next)
 
-	// A client with the smallest receive buffer, which reads nothing.
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024) })
-		return serr
-	}}
-	conn, err := d.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dialStalled(t, srv) // reads nothing
 	if err := callOver(t, srv).Write(conn); err != nil {
 		t.Fatal(err)
 	}
