@@ -44,20 +44,7 @@ func standaloneWithEvents(t *testing.T, h *Engine) buffer.Session {
 // resumeAs is a resume of the standalone stream from event 1, with bearer.
 func resumeAs(t *testing.T, base string, sess buffer.Session, bearer string) *http.Response {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	r, _ := http.NewRequestWithContext(ctx, "GET", base+"/mcp", nil)
-	r.Header.Set("Accept", "text/event-stream")
-	r.Header.Set(hdrSessionID, "sess-1")
-	r.Header.Set(hdrVersion, "2025-11-25")
-	r.Header.Set("Authorization", "Bearer "+bearer)
-	r.Header.Set(hdrLastEventID, string(eventid.Append(nil, sess.Epoch(), policy.StandaloneNum, 1)))
-	resp, err := http.DefaultClient.Do(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	return resp
+	return resumeReqAs(t, base, string(eventid.Append(nil, sess.Epoch(), policy.StandaloneNum, 1)), bearer, 10*time.Second)
 }
 
 // A session the store cannot read is not a session it does not hold: the

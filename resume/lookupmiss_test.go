@@ -1,7 +1,6 @@
 package resume
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -50,19 +49,7 @@ func TestAResumeWhoseFirstLookMissedIsStillAResume(t *testing.T) {
 	h.rt.store = miss
 
 	srv := relayServer(t, h, &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("hang")}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/mcp", nil)
-	r.Header.Set("Accept", "text/event-stream")
-	r.Header.Set(hdrSessionID, "sess-1")
-	r.Header.Set(hdrVersion, "2025-11-25")
-	r.Header.Set("Authorization", "Bearer x")
-	r.Header.Set(hdrLastEventID, string(eventid.Append(nil, sess.Epoch(), policy.StandaloneNum, 2)))
-	resp, err := http.DefaultClient.Do(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp := resumeReqAs(t, srv.URL, string(eventid.Append(nil, sess.Epoch(), policy.StandaloneNum, 2)), "x", 10*time.Second)
 	defer h.rt.Stop() // ends the standalone tap, which outlives its client
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, want the stream", resp.StatusCode)

@@ -51,6 +51,19 @@ func callOver(t *testing.T, srv *httptest.Server) *http.Request {
 	return req
 }
 
+// callThrough makes post's tools/call through h, served on a real
+// HTTP/1.1 server with next as upstream; the body closes with the test.
+func callThrough(t *testing.T, h *Engine, next *upstream) *http.Response {
+	t.Helper()
+	srv := relayServer(t, h, next)
+	resp, err := srv.Client().Do(callOver(t, srv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
 // A client that stops reading never holds the tap up: a stream far larger
 // than any socket buffer is read from the upstream to its end, while the
 // client's socket takes nothing more.
@@ -112,12 +125,7 @@ func TestAQuietCallIsKeptAlive(t *testing.T) {
 			return nil
 		},
 	}}
-	srv := relayServer(t, h, next)
-	resp, err := srv.Client().Do(callOver(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp := callThrough(t, h, next)
 	var got []string
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -144,24 +152,13 @@ func TestAQuietCallIsKeptAlive(t *testing.T) {
 func TestALongStreamReachesItsClientWhole(t *testing.T) {
 	h := testHandler(t)
 	newSession(t, h, "2025-11-25")
-	const n = 300 // ~30 KiB in writes of one event each
-	next := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{
-		func(w http.ResponseWriter, r *http.Request) error {
-			w.Header().Set("Content-Type", "text/event-stream")
-			w.WriteHeader(http.StatusOK)
-			for i := range n {
-				io.WriteString(w, progress("", i+1))
-				http.NewResponseController(w).Flush()
-			}
-			io.WriteString(w, result("", "1"))
-			return nil
-		},
-	}}
-	srv := relayServer(t, h, next)
-	resp, err := srv.Client().Do(callOver(t, srv))
-	if err != nil {
-		t.Fatal(err)
+	const n = 300       // ~30 KiB in writes of one event each
+	var writes []string // one event each
+	for i := range n {
+		writes = append(writes, progress("", i+1))
 	}
+	next := &upstream{steps: []func(http.ResponseWriter, *http.Request) error{sseStep("eof", append(writes, result("", "1"))...)}}
+	resp := callThrough(t, h, next)
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if err != nil {
@@ -205,12 +202,7 @@ func TestTheLastAnswerIsNotHeldByAnUpstreamThatStaysOpen(t *testing.T) {
 			return nil
 		},
 	}}
-	srv := relayServer(t, h, next)
-	resp, err := srv.Client().Do(callOver(t, srv))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
+	resp := callThrough(t, h, next)
 	start := time.Now()
 	evs, _ := readSSE(t, resp.Body, 3) // the priming event, the progress, the result
 	close(gotResult)

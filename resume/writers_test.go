@@ -166,16 +166,30 @@ func relayServer(t *testing.T, h *Engine, next *upstream) *httptest.Server {
 
 func resumeReq(t *testing.T, base, lastID string) *http.Response {
 	t.Helper()
-	r, _ := http.NewRequest("GET", base+"/mcp", nil)
+	return resumeReqAs(t, base, lastID, "x", 0)
+}
+
+// resumeReqAs is resumeReq with the bearer token, bounded by timeout (0:
+// none); the body closes with the test.
+func resumeReqAs(t *testing.T, base, lastID, bearer string, timeout time.Duration) *http.Response {
+	t.Helper()
+	ctx := context.Background()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		t.Cleanup(cancel)
+	}
+	r, _ := http.NewRequestWithContext(ctx, "GET", base+"/mcp", nil)
 	r.Header.Set("Accept", "text/event-stream")
 	r.Header.Set(hdrSessionID, "sess-1")
 	r.Header.Set(hdrVersion, "2025-11-25")
-	r.Header.Set("Authorization", "Bearer x")
+	r.Header.Set("Authorization", "Bearer "+bearer)
 	r.Header.Set(hdrLastEventID, lastID)
 	resp, err := http.DefaultClient.Do(r)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { resp.Body.Close() })
 	return resp
 }
 
