@@ -207,8 +207,9 @@ func (st *Store) recoverLost(missing []string) bool {
 	st.leases.reset()
 	st.mark.Store(&mark)
 	// The zone's tally counted what is lost: it starts again from nothing
-	// here, and the sweeper counts the zone anew at once.
-	st.zone.reset()
+	// here (and what was heard of the new zone), and the sweeper counts
+	// the zone anew at once.
+	st.zone.reset(st.opts.ScanInterval)
 	st.scanSoon.Store(true)
 	st.total.invalidate()
 	st.freed.fire()
