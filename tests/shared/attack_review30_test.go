@@ -971,29 +971,7 @@ func TestReview30StolenCursorAcrossAStoreHiccup(t *testing.T) {
 	d := upstreamBehind(t, iss.Protect)
 	r1 := d.start("r1", storeNATS(natsURLs(ns), ""), true)
 	r2 := d.start("r2", storeNATS([]string{"nats://" + relay.Addr()}, ""), true)
-	alice := bearerSession(t, r1, iss, 10*time.Minute, 60*time.Second)
-	ctx := t.Context()
-	g, err := alice.Do(ctx, "GET", "", nil)
-	if err != nil || g.StatusCode != http.StatusOK {
-		t.Fatalf("alice's GET: %v %v", err, g)
-	}
-	resp, err := alice.Call(ctx, 2, "notify", map[string]any{"n": 6, "interval_ms": 50}, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	harness.ReadEvents(t, resp, 0)
-	resp.Body.Close()
-	var notices []mcptest.Event
-	for len(notices) < 6 {
-		evs, err := mcptest.ReadEvents(g.Body, 1, 10*time.Second)
-		if err != nil {
-			t.Fatalf("alice's notices: %v (%d)", err, len(notices))
-		}
-		if strings.Contains(evs[0].Data, "notice") {
-			notices = append(notices, evs[0])
-		}
-	}
-	g.Body.Close()
+	alice, notices := aliceWithNotices(t, r1, iss)
 	cursor := notices[0].ID
 	t.Logf("alice's standalone cursor %s", cursor)
 

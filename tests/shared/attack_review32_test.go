@@ -19,9 +19,9 @@ import (
 // 503; a serving path that finds a session authorization did not see
 // authorizes again) and 5b258de (tallies newer by KV revision).
 
-// r32AliceNotices opens alice's session on r (JWT upstream), reads six
+// aliceWithNotices opens alice's session on r (JWT upstream), reads six
 // notices of its standalone stream, and returns the client and notices.
-func r32AliceNotices(t *testing.T, r *replica, iss *mcptest.JWTIssuer) (*mcptest.Client, []mcptest.Event) {
+func aliceWithNotices(t *testing.T, r *replica, iss *mcptest.JWTIssuer) (*mcptest.Client, []mcptest.Event) {
 	t.Helper()
 	alice := bearerSession(t, r, iss, 10*time.Minute, 60*time.Second)
 	ctx := t.Context()
@@ -65,7 +65,7 @@ func TestReview32SecondCredentialWhileCutAndAfter(t *testing.T) {
 	d := upstreamBehind(t, iss.Protect)
 	r1 := d.start("r1", storeNATS(natsURLs(ns), ""), true)
 	r2 := d.start("r2", storeNATS([]string{"nats://" + relay.Addr()}, ""), true)
-	alice, notices := r32AliceNotices(t, r1, iss)
+	alice, notices := aliceWithNotices(t, r1, iss)
 	cursor := notices[0].ID
 
 	others := map[string]http.Header{
