@@ -47,6 +47,7 @@ type callRun struct {
 	result
 	proxy, after      time.Duration
 	mallocs, syscalls uint64
+	switches          int64 // the proxy's context switches (voluntary and not)
 }
 
 func (r callRun) perSec() float64 { return float64(r.Events) / r.Elapsed.Seconds() }
@@ -58,6 +59,7 @@ func (r callRun) proxyCPU() float64 {
 func (r callRun) afterCPU() float64 { return float64(r.after.Nanoseconds()) / 1e3 / float64(r.Events) }
 func (r callRun) allocs() float64   { return float64(r.mallocs) / float64(r.Events) }
 func (r callRun) sysPer() float64   { return float64(r.syscalls) / float64(r.Events) }
+func (r callRun) csPer() float64    { return float64(r.switches) / float64(r.Events) }
 func (r callRun) p50() float64      { return r.P50 }
 func (r callRun) p99() float64      { return r.P99 }
 
@@ -65,16 +67,19 @@ func (r callRun) p99() float64      { return r.P99 }
 func (b *bench) calls(setup string, c callConfig) (callRun, error) {
 	var cpu []time.Duration
 	var objs, calls []uint64
+	var cs []int64
 	op := map[bool]string{true: "churn", false: "calls"}[c.churn]
 	res, err := b.call(command{Op: op, Base: b.bases[setup], Streams: c.sessions, Total: c.total}, func() {
 		cpu, objs, calls = append(cpu, usage()), append(objs, readMetric("/gc/heap/allocs:objects")), append(calls, syscalls())
+		cs = append(cs, contextSwitches())
 	})
 	if err != nil {
 		return callRun{}, fmt.Errorf("%s, %s: %v", c.key(), setup, err)
 	}
 	time.Sleep(settle)
 	after := usage() - cpu[1] - time.Duration(b.idle*float64(settle))
-	return callRun{result: res, proxy: cpu[1] - cpu[0], after: max(after, 0), mallocs: objs[1] - objs[0], syscalls: calls[1] - calls[0]}, nil
+	return callRun{result: res, proxy: cpu[1] - cpu[0], after: max(after, 0), mallocs: objs[1] - objs[0], syscalls: calls[1] - calls[0],
+		switches: cs[1] - cs[0]}, nil
 }
 
 // idleRate is the proxy's CPU, in cores, over 2 s with no load: timers,
@@ -110,7 +115,8 @@ func (r *report) callsMarkdown() string {
 			proxy  bool
 		}{{unit + "s/s", callRun.perSec, num, false}, {"p50 latency, µs", callRun.p50, sig3, false}, {"p99 latency, µs", callRun.p99, sig3, false},
 			{"proxy CPU per " + unit + ", µs", callRun.proxyCPU, sig3, true}, {"of which after the run, µs", callRun.afterCPU, sig3, true},
-			{"proxy heap allocations per " + unit, callRun.allocs, sig3, true}, {"proxy read+write system calls per " + unit, callRun.sysPer, sig3, true}} {
+			{"proxy heap allocations per " + unit, callRun.allocs, sig3, true}, {"proxy read+write system calls per " + unit, callRun.sysPer, sig3, true},
+			{"proxy context switches per " + unit, callRun.csPer, sig3, true}} {
 			cells := []string{c.key() + ": " + f.label}
 			v := map[string]float64{}
 			for _, s := range allSetups {

@@ -270,8 +270,8 @@ func run(cfg config) error {
 			if measured {
 				rep.calls[c][s] = append(rep.calls[c][s], r)
 			}
-			logf("%-24s %-10s: %6.0f /s, p50 %5.0f µs, p99 %6.0f µs; proxy %4.0f µs CPU (%3.0f after the run), %4.0f allocs, %4.1f syscalls each",
-				c.key(), s, r.perSec(), r.P50, r.P99, r.proxyCPU(), r.afterCPU(), r.allocs(), r.sysPer())
+			logf("%-24s %-10s: %6.0f /s, p50 %5.0f µs, p99 %6.0f µs; proxy %4.0f µs CPU (%3.0f after the run), %4.0f allocs, %4.1f syscalls each; load %4.0f µs CPU",
+				c.key(), s, r.perSec(), r.P50, r.P99, r.proxyCPU(), r.afterCPU(), r.allocs(), r.sysPer(), float64(r.CPU.Nanoseconds())/1e3/float64(r.Events))
 			return err
 		}); err != nil {
 			return err
@@ -367,6 +367,14 @@ func usage() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// contextSwitches is this process's context switches so far, every thread's:
+// a goroutine handing work to another can cost a thread's sleep and wake-up.
+func contextSwitches() int64 {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Nvcsw + ru.Nivcsw
 }
 
 // readMetric reads one of the runtime's uint64 metrics.
