@@ -148,3 +148,18 @@ type Succession struct {
 }
 
 var _ BatchAppender = (*memStream)(nil)
+
+// ReadyReader is a Reader that can take what is ready without waiting, for
+// a writer that must never block on it: the tap writing a short answer to
+// its client itself, between two reads of its upstream (the memory store's
+// readers; a shared store's reads are round trips, and its streams keep
+// their relay in a goroutine of its own).
+type ReadyReader interface {
+	// ReadReady returns the events ready from the reader's position, at
+	// most maxBytes of them, as Read would, without waiting: ErrIdle when
+	// none is ready; more reports that more are ready than it returned
+	// (with ErrIdle and no events: the next event alone is over maxBytes).
+	// Its end errors are Read's (io.EOF, *FailedError, ErrProducerGone,
+	// ErrBelowFloor, the reader closed).
+	ReadReady(dst [][]byte, maxBytes int) (b Batch, more bool, err error)
+}

@@ -70,14 +70,9 @@ func (r *memReader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle t
 		if r.next < s.log.floor {
 			// Events this reader still had to read are gone: a bug that
 			// must never stay silent (the relay signals a gap).
-			lost := s.log.floor - r.next
+			next, lost := r.next, s.log.floor-r.next
 			s.mu.Unlock()
-			st := s.sess.store
-			st.counters.EventsEvictedBeforeAck.Add(lost)
-			if h := st.opts.Hooks.EvictedBeforeAck; h != nil {
-				h(s.sess.id, s.num, r.next, lost)
-			}
-			return Batch{}, ErrBelowFloor
+			return Batch{}, r.belowFloor(next, lost)
 		}
 		if r.next <= s.log.head {
 			var data [][]byte
@@ -107,6 +102,57 @@ func (r *memReader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle t
 			return Batch{}, err
 		}
 	}
+}
+
+// belowFloor counts and reports the lost events of a reader whose position
+// next was evicted under it (lost of them), and returns ErrBelowFloor.
+func (r *memReader) belowFloor(next, lost uint64) error {
+	st := r.s.sess.store
+	st.counters.EventsEvictedBeforeAck.Add(lost)
+	if h := st.opts.Hooks.EvictedBeforeAck; h != nil {
+		h(r.s.sess.id, r.s.num, next, lost)
+	}
+	return ErrBelowFloor
+}
+
+// ReadReady implements ReadyReader.
+func (r *memReader) ReadReady(dst [][]byte, maxBytes int) (Batch, bool, error) {
+	s := r.s
+	select {
+	case <-r.done:
+		return Batch{}, false, r.err
+	default:
+	}
+	s.mu.Lock()
+	r.pins = unpin(r.pins)
+	if r.next < s.log.floor {
+		next, lost := r.next, s.log.floor-r.next
+		s.mu.Unlock()
+		return Batch{}, false, r.belowFloor(next, lost)
+	}
+	defer s.mu.Unlock()
+	if r.next <= s.log.head {
+		c := s.log.chunks[s.log.chunkOf(r.next)]
+		if start, end := c.span(r.next); int(end-start) > maxBytes {
+			return Batch{}, true, ErrIdle
+		}
+		var data [][]byte
+		var last uint64
+		data, r.pins, last = s.log.readPinned(dst[:0], r.pins, true, r.next, s.log.head, maxBytes)
+		b := Batch{First: r.next, Last: last, Data: data}
+		r.next = last + 1
+		return b, last < s.log.head, nil
+	}
+	switch s.state {
+	case policy.Complete:
+		return Batch{}, false, io.EOF
+	case policy.Failed:
+		return Batch{}, false, &FailedError{Reason: s.failReason}
+	}
+	if s.kind == policy.StandaloneStream && !s.producing.Load() {
+		return Batch{}, false, ErrProducerGone
+	}
+	return Batch{}, false, ErrIdle
 }
 
 func (r *memReader) wait(ctx context.Context, idle time.Duration) error {

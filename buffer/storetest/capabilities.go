@@ -25,6 +25,7 @@ var capabilityContracts = []contract{
 	{"TakeoverOnOneReplica", testTakeoverCapability},
 	{"UpstreamTail", testUpstreamTail},
 	{"CallOpener", testCallOpener},
+	{"ReadyReader", testReadyReader},
 	{"Inspector", testInspector},
 }
 
@@ -440,4 +441,63 @@ func testUpstreamTail(t *testing.T, e *env) {
 		check(n)
 	}
 	p.Done()
+}
+
+// ReadReady takes what is ready without waiting: ErrIdle with nothing
+// ready; events in order, at most maxBytes of them, more saying what was
+// left; an event alone over maxBytes is not taken (more, ErrIdle); the
+// stream's end as Read reports it, once everything before it was taken.
+func testReadyReader(t *testing.T, e *env) {
+	st := e.store(BigLimits())
+	str := MustStream(t, MustSession(t, st, "s1"), `"a"`)
+	p := MustProduce(t, str)
+	r, err := str.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	ready, ok := r.(buffer.ReadyReader)
+	if !ok {
+		t.Skip("the store's readers are no ReadyReader")
+	}
+	dst := make([][]byte, 0, 8)
+	if b, more, err := ready.ReadReady(dst, 1<<20); len(b.Data) != 0 || more || !errors.Is(err, buffer.ErrIdle) {
+		t.Fatalf("nothing appended: %d events, more %v, %v; want none, ErrIdle", len(b.Data), more, err)
+	}
+	AppendN(t, str, 3, EvSize)
+	// What an event takes of maxBytes, as another stream of the same events shows.
+	twin := MustStream(t, MustSession(t, st, "s2"), `"a"`)
+	MustProduce(t, twin)
+	AppendN(t, twin, 1, EvSize)
+	tr, err := twin.Attach(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	tb, _, err := tr.(buffer.ReadyReader).ReadReady(nil, 1<<20)
+	if err != nil || len(tb.Data) != 1 {
+		t.Fatalf("the twin's event: %d, %v", len(tb.Data), err)
+	}
+	one := len(tb.Data[0])
+	b, more, err := ready.ReadReady(dst, 2*one)
+	if err != nil || !more || b.First != 1 || b.Last != 2 {
+		t.Fatalf("3 ready, room for 2: %d..%d, more %v, %v", b.First, b.Last, more, err)
+	}
+	evs, err := Decode(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	CheckSeqs(t, evs, 1, EvSize)
+	if b, more, err := ready.ReadReady(dst, one-1); len(b.Data) != 0 || !more || !errors.Is(err, buffer.ErrIdle) {
+		t.Fatalf("the next event over maxBytes: %d events, more %v, %v; want none, more, ErrIdle", len(b.Data), more, err)
+	}
+	if b, more, err := ready.ReadReady(dst, 1<<20); err != nil || more || b.First != 3 || b.Last != 3 {
+		t.Fatalf("the last one: %d..%d, more %v, %v", b.First, b.Last, more, err)
+	}
+	r.Delivered(3)
+	str.Complete()
+	p.Done()
+	if _, _, err := ready.ReadReady(dst, 1<<20); err != io.EOF {
+		t.Fatalf("complete and all taken: %v, want io.EOF", err)
+	}
 }
