@@ -126,6 +126,8 @@ type Handler struct {
 	engine   *resume.Engine
 	storeKey string
 	logger   *zap.Logger
+	// connServers: the servers this handler registered resume.ConnContext on.
+	connServers []*caddyhttp.Server
 }
 
 // CaddyModule returns the Caddy module information.
@@ -163,6 +165,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.zone = z
+	h.registerConnContext(ctx)
 	cfg.Logger = h.logger
 	cfg.Placeholders = replace
 	if h.engine, err = resume.New(cfg, z.rt); err != nil {
@@ -193,6 +196,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // Cleanup releases this instance's hold on its zone.
 func (h *Handler) Cleanup() error {
+	h.forgetConnServers()
 	if h.zone != nil {
 		return releaseZone(h.Zone, h.storeKey)
 	}

@@ -2,6 +2,7 @@ package resume
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -40,6 +41,12 @@ type Config struct {
 	Placeholders func(r *http.Request, s string) string
 	// Logger gets the engine's logs. Default: none.
 	Logger *zap.Logger
+	// ClientConn returns the connection a request came on, or nil. With it
+	// the tap may write a call's short answer to an HTTP/1 client itself,
+	// when nothing sent on the connection waits in the kernel (sendqueue.go),
+	// saving the relay a goroutine. Default: the connection ConnContext put
+	// in the request's context.
+	ClientConn func(r *http.Request) net.Conn
 }
 
 // Defaults, chosen so ordinary MCP traffic (small progress notifications,

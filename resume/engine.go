@@ -97,6 +97,9 @@ func New(cfg Config, rt *Runtime) (*Engine, error) {
 	if h.placeholders == nil {
 		h.placeholders = HeaderPlaceholders
 	}
+	if h.ClientConn == nil {
+		h.ClientConn = connOf
+	}
 	return h, nil
 }
 

@@ -92,90 +92,130 @@ func (h *Engine) newRelay(w http.ResponseWriter, sess buffer.Session, stream buf
 
 // write sends b and flushes; false means the client is gone.
 func (rl *relay) write(b ...[]byte) bool {
+	return rl.put(b...) && rl.rc.Flush() == nil
+}
+
+// put sends b without flushing (the response's end flushes it, with
+// the end of its body); false means the client is gone.
+func (rl *relay) put(b ...[]byte) bool {
 	for _, p := range b {
 		if _, err := rl.w.Write(p); err != nil {
 			return false
 		}
 	}
-	return rl.rc.Flush() == nil
+	return true
 }
 
 // run relays until the end; ctx is the client's.
 func (rl *relay) run(ctx context.Context) {
 	defer rl.rd.Close()
 	rl.delivered = rl.rd.Next() - 1
+	if rl.finishReady() {
+		return
+	}
 	// The process stopping ends the relay too: cut, so the client resumes
 	// (on another replica, when the store is shared).
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stopping := rl.h.rt.stopCtx
-	defer context.AfterFunc(stopping, cancel)()
+	defer context.AfterFunc(rl.h.rt.stopCtx, cancel)()
 	idle := time.Duration(rl.h.Keepalive)
 	for {
 		b, err := rl.rd.Read(ctx, rl.dst, relayBatch, idle)
-		if len(b.Data) > 0 {
-			ok := rl.write(b.Data...)
-			clear(b.Data) // keep no event alive past its eviction
-			if !ok {
-				return
-			}
-			rl.rd.Delivered(b.Last)
-			rl.delivered, rl.wroteEvents = b.Last, true
-			rl.tookOverAt = time.Time{} // events flow: a later death is paced afresh
-			if rl.replayUpTo > 0 && b.First <= rl.replayUpTo {
-				replayed.Add(float64(min(b.Last, rl.replayUpTo) - b.First + 1))
-			}
-		}
-		switch {
-		case err == nil:
-		case stopping.Err() != nil:
-			rl.cut()
-			return
-		case ctx.Err() != nil:
-			return // the client is gone; the log keeps what it missed
-		case errors.Is(err, buffer.ErrIdle):
-			if !rl.write(sse.AppendComment(nil, "keepalive")) {
-				return
-			}
-		case errors.Is(err, buffer.ErrTakenOver):
-			abortClient(rl.w)
-			return
-		case rl.sess.Context().Err() != nil || errors.Is(err, buffer.ErrSessionGone):
-			// The session ended under the client (its DELETE, the
-			// upstream's 404, a purge): its events went with it. A shared
-			// store's reader may learn it before the session's context
-			// ends (the record's deletion reaches the stream first).
-			rl.sessionEnded()
-			return
-		case errors.Is(err, buffer.ErrProducerGone) && rl.stream.Kind() == policy.RequestStream:
-			// The replica reading its upstream died. Read on: what a
-			// takeover (here or on another replica) stores, or the
-			// sweeper's explicit failure.
-			if rl.takeover != nil {
-				if !rl.paceTakeover(ctx) {
-					return
-				}
-				if !rl.takeover() {
-					rl.cut()
-					return
-				}
-			}
-		case errors.Is(err, buffer.ErrBelowFloor):
-			if !rl.recoverBelowFloor() {
-				return
-			}
-		default:
-			// io.EOF (complete), *FailedError (the failure's signals are in
-			// the log, already written), ErrProducerGone (the client should
-			// reconnect, which opens a new upstream GET), ErrSessionGone.
-			var fe *buffer.FailedError
-			if err != io.EOF && !errors.As(err, &fe) && !errors.Is(err, buffer.ErrProducerGone) &&
-				!errors.Is(err, buffer.ErrSessionGone) {
-				rl.h.logger.Error("relay: unexpected reader error", zap.String("session", rl.sess.ID()),
-					zap.Uint32("stream", rl.stream.Num()), zap.Error(err))
-			}
+		if len(b.Data) > 0 && !rl.deliver(b, true) {
 			return
 		}
+		if err != nil && !rl.handle(ctx, err) {
+			return
+		}
+	}
+}
+
+// finishReady writes what is ready, where the reader can tell without
+// waiting, and reports whether the relay is over (the stream complete, or
+// the client gone): a short call's relay, finished in the tap's goroutine
+// once the tap is done (handoff.go), ends there without the contexts a wait
+// needs. Anything else is run's to handle.
+func (rl *relay) finishReady() bool {
+	ready, ok := rl.rd.(buffer.ReadyReader)
+	if !ok {
+		return false
+	}
+	for {
+		b, _, err := ready.ReadReady(rl.dst, relayBatch)
+		if len(b.Data) > 0 && !rl.deliver(b, true) {
+			return true
+		}
+		if err != nil {
+			return err == io.EOF
+		}
+	}
+}
+
+// deliver writes a batch read from the log to the client and acknowledges
+// it, flushed unless it is to go out with the response's end; false means
+// the client is gone.
+func (rl *relay) deliver(b buffer.Batch, flush bool) bool {
+	ok := rl.put(b.Data...) && (!flush || rl.rc.Flush() == nil)
+	clear(b.Data) // keep no event alive past its eviction
+	if !ok {
+		return false
+	}
+	rl.rd.Delivered(b.Last)
+	rl.delivered, rl.wroteEvents = b.Last, true
+	rl.tookOverAt = time.Time{} // events flow: a later death is paced afresh
+	if rl.replayUpTo > 0 && b.First <= rl.replayUpTo {
+		replayed.Add(float64(min(b.Last, rl.replayUpTo) - b.First + 1))
+	}
+	return true
+}
+
+// handle answers what a Read of the log ended with; false ends the relay.
+func (rl *relay) handle(ctx context.Context, err error) bool {
+	switch {
+	case rl.h.rt.stopCtx.Err() != nil:
+		rl.cut()
+		return false
+	case ctx.Err() != nil:
+		return false // the client is gone; the log keeps what it missed
+	case errors.Is(err, buffer.ErrIdle):
+		return rl.write(sse.AppendComment(nil, "keepalive"))
+	case errors.Is(err, buffer.ErrTakenOver):
+		abortClient(rl.w)
+		return false
+	case rl.sess.Context().Err() != nil || errors.Is(err, buffer.ErrSessionGone):
+		// The session ended under the client (its DELETE, the upstream's
+		// 404, a purge): its events went with it. A shared store's reader
+		// may learn it before the session's context ends (the record's
+		// deletion reaches the stream first).
+		rl.sessionEnded()
+		return false
+	case errors.Is(err, buffer.ErrProducerGone) && rl.stream.Kind() == policy.RequestStream:
+		// The replica reading its upstream died. Read on: what a takeover
+		// (here or on another replica) stores, or the sweeper's explicit
+		// failure.
+		if rl.takeover != nil {
+			if !rl.paceTakeover(ctx) {
+				return false
+			}
+			if !rl.takeover() {
+				rl.cut()
+				return false
+			}
+		}
+		return true
+	case errors.Is(err, buffer.ErrBelowFloor):
+		return rl.recoverBelowFloor()
+	default:
+		// io.EOF (complete), *FailedError (the failure's signals are in the
+		// log, already written), ErrProducerGone (the client should
+		// reconnect, which opens a new upstream GET), ErrSessionGone.
+		var fe *buffer.FailedError
+		if err != io.EOF && !errors.As(err, &fe) && !errors.Is(err, buffer.ErrProducerGone) &&
+			!errors.Is(err, buffer.ErrSessionGone) {
+			rl.h.logger.Error("relay: unexpected reader error", zap.String("session", rl.sess.ID()),
+				zap.Uint32("stream", rl.stream.Num()), zap.Error(err))
+		}
+		return false
 	}
 }
 
@@ -189,6 +229,7 @@ func (rl *relay) run(ctx context.Context) {
 // without data anywhere (some parsers dispatch one, and their clients fail
 // on its empty data).
 func (rl *relay) cut() {
+	rl.rc.Flush() // what the tap wrote to go out with the response's end (handoff.go)
 	if !rl.wroteEvents && primes(rl.sess.Meta().Version) {
 		rl.write(sse.AppendID(nil, string(eventid.Append(nil, rl.sess.Epoch(), rl.stream.Num(), rl.delivered))), []byte("\n"))
 	}
@@ -303,9 +344,8 @@ func abortClient(w http.ResponseWriter) {
 // body length is the proxy's business now, and intermediaries must not
 // buffer or transform it.
 func prepareSSEHeaders(h http.Header) {
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache, no-transform")
-	h.Set("X-Accel-Buffering", "no")
+	v := [...]string{"text/event-stream", "no-cache, no-transform", "no"} // one allocation for the three
+	h["Content-Type"], h["Cache-Control"], h["X-Accel-Buffering"] = v[0:1:1], v[1:2:2], v[2:3:3]
 	h.Del("Content-Length")
 	h.Del("Content-Encoding")
 }
@@ -336,30 +376,6 @@ func priming(version, epoch string, num uint32, from uint64) []byte {
 		return append(out, "data: \n\n"...)
 	}
 	return sse.AppendComment(nil, "mcp-resume")
-}
-
-// startRelay writes the client's response headers and pre, and relays the
-// stream from rd in a goroutine; close waits for it.
-func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []byte, replayUpTo uint64) {
-	prepareSSEHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
-	rl := t.h.newRelay(w, t.sess, t.stream, rd)
-	rl.replayUpTo = replayUpTo
-	if t.stream.Kind() == policy.RequestStream {
-		// Its producer is this tap, unless this replica lost the stream
-		// (cut off from the store past lease_ttl) and no other took it.
-		sess, stream := t.sess, t.stream
-		rl.takeover = func() bool { return t.h.offerTakeover(t.client, t.next, sess, stream) }
-	}
-	t.relayDone = make(chan struct{})
-	go func() {
-		defer close(t.relayDone)
-		if rl.write(pre) {
-			rl.run(t.client.Context())
-		} else {
-			rd.Close()
-		}
-	}()
 }
 
 // relayTo starts an SSE response with pre and relays the stream from the

@@ -99,7 +99,7 @@ type upstreamTap struct {
 	takeoverFrom              string
 	lastStatus                int
 
-	relayDone chan struct{}
+	relay *handOff // the first response's relay, once started
 }
 
 func (h *Engine) newTap(r *http.Request, next Next, sess buffer.Session, version string) *upstreamTap {
@@ -116,12 +116,23 @@ func (h *Engine) newTap(r *http.Request, next Next, sess buffer.Session, version
 // connection (keeping the request's values, which reverse_proxy needs) but
 // not the runtime. Callers also tie it to their session's end.
 func (h *Engine) detach(r *http.Request) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	stop := context.AfterFunc(h.rt.stopCtx, cancel)
-	return ctx, func() {
-		stop()
-		cancel()
+	return context.WithCancel(detached{h.rt.stopCtx, r.Context()})
+}
+
+// detached is a request's context without its cancellation: the runtime's
+// stop context, with the request's values. context.WithCancel on it joins
+// the stop context's children (its Value answers for the stop context's own
+// key first), as cheap as a child of the stop context itself.
+type detached struct {
+	context.Context                 // the runtime's stop: Done, Err, Deadline
+	values          context.Context // the request's
+}
+
+func (d detached) Value(key any) any {
+	if v := d.Context.Value(key); v != nil {
+		return v
 	}
+	return d.values.Value(key)
 }
 
 // tie ends the detached upstream reads when the session ends.
@@ -152,8 +163,8 @@ func (t *upstreamTap) close() {
 		}
 		t.prod.Done()
 	}
-	if t.relayDone != nil {
-		<-t.relayDone
+	if t.relay != nil {
+		t.relay.finish()
 	}
 	if t.unlink != nil {
 		t.unlink()
@@ -179,8 +190,13 @@ type attemptResult struct {
 // once every request is answered (a replay the upstream keeps open).
 func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start func(http.Header) bool,
 	stopWhenAnswered bool) (res attemptResult) {
-	ctx, cancel := context.WithCancel(t.ctx)
-	defer cancel()
+	// Its own context only where it ends the read early: a first request's
+	// ends with the tap's.
+	ctx, cancel := t.ctx, context.CancelFunc(nil)
+	if stopWhenAnswered {
+		ctx, cancel = context.WithCancel(t.ctx)
+		defer cancel()
+	}
 	t.parser = sse.Parser{MaxEventBytes: 2*int(t.h.MaxEventBytes) + 4<<10} // the tap checks the stored size
 	t.progress, t.resumable, t.failure = false, false, nil
 	t.conn++
@@ -312,6 +328,11 @@ func (t *upstreamTap) flush() error {
 	}
 	for _, e := range t.batch[n:] {
 		t.pending = append(t.pending, e.Answers...)
+	}
+	if n > 0 {
+		// Answered: the last answer of a call, which goes out with the
+		// response's end (handoff.go).
+		t.relay.pump(len(t.pending) == 0 && len(t.batch) == n && t.stream.Kind() == policy.RequestStream)
 	}
 	clear(t.batch) // keep no reference to the upstream's bytes
 	t.batch = t.batch[:0]

@@ -155,11 +155,14 @@ func TestInitializeWriterPassesThrough(t *testing.T) {
 }
 
 // relayServer serves h (with next as the upstream) on a real socket, as the
-// relay needs: flushes, hijacks, write errors.
-func relayServer(t *testing.T, h *Engine, next *upstream) *httptest.Server {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// relay needs: flushes, hijacks, write errors; with ConnContext, so a
+// short answer can be written by the tap itself (handoff.go).
+func relayServer(t *testing.T, h *Engine, next Next) *httptest.Server {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(w, r, next)
 	}))
+	srv.Config.ConnContext = ConnContext
+	srv.Start()
 	t.Cleanup(srv.Close)
 	return srv
 }

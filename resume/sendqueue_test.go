@@ -1,0 +1,102 @@
+package resume
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"net/http"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// tcpPair is a real TCP connection on loopback: the server's end and the
+// client's, whose receive buffer is as small as the kernel allows when
+// small is set, so that what the server writes soon waits in its send queue.
+func tcpPair(t *testing.T, small bool) (server, client net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	d := net.Dialer{}
+	if small {
+		d.Control = func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 1024) })
+			return serr
+		}
+	}
+	client, err = d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close(); client.Close() })
+	return server, client
+}
+
+func TestSendQueue(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("the send queue is asked on Linux only")
+	}
+	srv, cli := tcpPair(t, true)
+	sc := socketOf(srv)
+	if sc == nil || !sendQueueEmpty(sc) {
+		t.Fatal("a fresh connection: its send queue should be empty")
+	}
+	// A write the client reads: once acknowledged, the queue is empty again.
+	if _, err := srv.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 5)
+	if _, err := cli.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the write to be acknowledged", func() bool { return sendQueueEmpty(sc) })
+	// A client that reads nothing: what the server writes piles up.
+	go srv.Write(make([]byte, 4<<20)) // blocks once the buffers are full; the cleanup's close ends it
+	waitFor(t, 5*time.Second, "the send queue to fill", func() bool { return !sendQueueEmpty(sc) })
+}
+
+func TestSocketOfUnwrapsTLS(t *testing.T) {
+	srv, _ := tcpPair(t, false)
+	if socketOf(tls.Server(srv, &tls.Config{})) != srv.(syscall.Conn) {
+		t.Error("a TLS connection's socket is the TCP connection it wraps")
+	}
+	type opaque struct{ net.Conn } // a wrapper that says nothing of what it wraps
+	if socketOf(opaque{srv}) != nil {
+		t.Error("a connection that is not a socket and wraps none it names has none")
+	}
+}
+
+func TestCanWriteInline(t *testing.T) {
+	h := testHandler(t)
+	srv, _ := tcpPair(t, false)
+	req := func(major int, withConn bool) *http.Request {
+		r := post("1")
+		r.ProtoMajor = major
+		if withConn {
+			r = r.WithContext(ConnContext(context.Background(), srv))
+		}
+		return r
+	}
+	for _, c := range []struct {
+		name     string
+		r        *http.Request
+		expected bool
+	}{
+		{"HTTP/1 on a socket with an empty send queue", req(1, true), runtime.GOOS == "linux"},
+		{"HTTP/2: streams share the connection's flow control", req(2, true), false},
+		{"no connection known (no ConnContext)", req(1, false), false},
+	} {
+		if got := h.canWriteInline(c.r); got != c.expected {
+			t.Errorf("%s: %v, want %v", c.name, got, c.expected)
+		}
+	}
+}
