@@ -42,7 +42,50 @@ func ParseBody(body []byte) (calls []Call, batch bool, err error) {
 	return []Call{c}, false, nil
 }
 
+// parseOne reads one message: the members it needs straight from the bytes
+// (members.go), or by decoding the whole object where those bytes need
+// decoding (escapes in a member name or the method, invalid UTF-8 in it).
+// Both read a body alike: FuzzParseOneAsDecoded.
 func parseOne(raw []byte) (Call, error) {
+	if !json.Valid(raw) {
+		return Call{}, ErrBody
+	}
+	m, ok := topMembers(raw)
+	if !ok {
+		return parseOneDecoded(raw)
+	}
+	var c Call
+	if m.id != nil && !bytes.Equal(m.id, []byte("null")) {
+		c.ID = bytes.Clone(m.id)
+	}
+	switch {
+	case m.method != nil && !bytes.Equal(m.method, []byte("null")):
+		name, ok := plainString(m.method)
+		switch {
+		case ok:
+			c.Method = name
+		case m.method[0] == '"':
+			return parseOneDecoded(raw) // escapes or invalid UTF-8: encoding/json's reading
+		default:
+			return Call{}, ErrBody // not a string
+		}
+		c.Kind = Notification
+		if c.ID != nil {
+			c.Kind = Request
+		}
+	case m.result || m.error:
+		c.Kind = Response
+	default:
+		return Call{}, ErrBody
+	}
+	if m.params != nil && c.Method == "initialize" {
+		c.ProtocolVersion = protocolVersionParam(m.params)
+	}
+	return c, nil
+}
+
+// parseOneDecoded is parseOne by decoding the whole object.
+func parseOneDecoded(raw []byte) (Call, error) {
 	// Member names are case-sensitive, as in the upstream SDKs.
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
@@ -70,13 +113,18 @@ func parseOne(raw []byte) (Call, error) {
 		return Call{}, ErrBody
 	}
 	if params, ok := m["params"]; ok && c.Method == "initialize" {
-		var p struct {
-			ProtocolVersion string `json:"protocolVersion"`
-		}
-		_ = json.Unmarshal(params, &p)
-		c.ProtocolVersion = p.ProtocolVersion
+		c.ProtocolVersion = protocolVersionParam(params)
 	}
 	return c, nil
+}
+
+// protocolVersionParam is params.protocolVersion of an initialize request.
+func protocolVersionParam(params []byte) string {
+	var p struct {
+		ProtocolVersion string `json:"protocolVersion"`
+	}
+	_ = json.Unmarshal(params, &p)
+	return p.ProtocolVersion
 }
 
 // ProtocolVersionOf returns result.protocolVersion of an initialize response.

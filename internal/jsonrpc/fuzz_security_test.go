@@ -206,3 +206,28 @@ func TestParseBodyReadsKeysAsUpstream(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseOneAsDecoded: parseOne, which reads the members it needs from
+// the bytes, reads every body as decoding it whole does (parseOneDecoded).
+func FuzzParseOneAsDecoded(f *testing.F) {
+	for _, s := range parseBodySeeds {
+		f.Add([]byte(s))
+	}
+	for _, s := range []string{
+		`{"id":1,"method":"tools/call","params":{"name":"count","arguments":{"s":"}]\"{["}}}`,
+		` {"id" : "a\"b" , "method" : "m" } `, `{"id":null,"method":"m"}`, `{"method":null,"result":1}`,
+		`{"\u0069d":1,"method":"m"}`, `{"id":1,"method":"\u0069nitialize","params":{"protocolVersion":"2025-06-18"}}`,
+		`{"id":1,"method":"initialize","params":{"ProtocolVersion":"x"}}`, `{"id":[1,{"a":"]"}],"method":"m"}`,
+		`{"id":1,"method":"m","id":null}`, `{"id":1,"method":5}`, `{"error":{},"id":-1.5e3}`, `{}`, `[]`, `null`, `"x"`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, gerr := parseOne(raw)
+		want, werr := parseOneDecoded(raw)
+		if (gerr == nil) != (werr == nil) || got.Kind != want.Kind || got.Method != want.Method ||
+			!bytes.Equal(got.ID, want.ID) || (got.ID == nil) != (want.ID == nil) || got.ProtocolVersion != want.ProtocolVersion {
+			t.Fatalf("%q: read as %+v (%v), decoded as %+v (%v)", raw, got, gerr, want, werr)
+		}
+	})
+}
