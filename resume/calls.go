@@ -159,7 +159,7 @@ func sameIDs(reqs []policy.RequestView, ids []string) bool {
 // upstream says it no longer exists.
 func (h *Engine) sessionWatch(w http.ResponseWriter, sid string) http.ResponseWriter {
 	return &statusWriter{
-		writerWrapper: &writerWrapper{ResponseWriter: w},
+		writerWrapper: writerWrapper{ResponseWriter: w},
 		onStatus:      func(status int) { h.sessionGone(sid, status) },
 	}
 }
@@ -193,7 +193,7 @@ func (h *Engine) adoptOnPost(w http.ResponseWriter, r *http.Request, next Next, 
 
 // statusWriter passes a response through and reports its status.
 type statusWriter struct {
-	*writerWrapper
+	writerWrapper
 	onStatus func(int)
 	done     bool
 }

@@ -41,19 +41,13 @@ func (h *Engine) identity(r *http.Request, bind []string) [32]byte {
 		case entry == BindBearer:
 			continue
 		case strings.Contains(entry, "{"):
-			mac.Write([]byte(entry))
-			mac.Write([]byte{0})
-			mac.Write([]byte(h.placeholders(r, entry)))
-			mac.Write([]byte{0})
+			mac.writeString(entry, "\x00", h.placeholders(r, entry), "\x00")
 		default:
 			for _, v := range r.Header.Values(entry) {
-				mac.Write([]byte(entry))
-				mac.Write([]byte{0})
-				mac.Write([]byte(v))
-				mac.Write([]byte{0})
+				mac.writeString(entry, "\x00", v, "\x00")
 			}
 		}
-		mac.Write([]byte{1})
+		mac.writeString("\x01")
 	}
 	var fp [32]byte
 	mac.Sum(fp[:0])
@@ -66,6 +60,16 @@ func (h *Engine) identity(r *http.Request, bind []string) [32]byte {
 type keyedMAC struct {
 	key []byte
 	hash.Hash
+	buf []byte // what writeString copies a string into: no allocation per write
+}
+
+// writeString writes the parts to the hash.
+func (m *keyedMAC) writeString(parts ...string) {
+	m.buf = m.buf[:0]
+	for _, p := range parts {
+		m.buf = append(m.buf, p...)
+	}
+	m.Write(m.buf)
 }
 
 // mac returns a reset hasher under the store's key; the caller puts it
@@ -130,10 +134,9 @@ func (h *Engine) credentialHash(r *http.Request) (sum [32]byte) {
 	}
 	mac := h.mac()
 	defer h.rt.macs.Put(mac)
-	mac.Write([]byte("bearer\x00"))
+	mac.writeString("bearer\x00")
 	for _, v := range values {
-		mac.Write([]byte(v))
-		mac.Write([]byte{0})
+		mac.writeString(v, "\x00")
 	}
 	mac.Sum(sum[:0])
 	return sum

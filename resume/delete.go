@@ -21,7 +21,7 @@ func (h *Engine) serveDelete(w http.ResponseWriter, r *http.Request, next Next, 
 		return err
 	}
 	return next.ServeHTTP(&statusWriter{
-		writerWrapper: &writerWrapper{ResponseWriter: w},
+		writerWrapper: writerWrapper{ResponseWriter: w},
 		onStatus: func(status int) {
 			if c := policy.Classify(status); c == policy.UpstreamAccepted || c == policy.UpstreamSessionGone {
 				h.rt.store.Delete(sid, policy.ReasonDeleted)

@@ -196,6 +196,9 @@ func acceptsSSE(r *http.Request) bool {
 }
 
 func isJSON(contentType string) bool {
+	if contentType == "application/json" {
+		return true // as SDKs send it: no parameters to parse
+	}
 	ct, _, _ := mime.ParseMediaType(contentType)
 	return ct == "application/json"
 }
@@ -234,9 +237,10 @@ func tappable(status int, h http.Header) bool {
 	if status != http.StatusOK {
 		return false
 	}
-	ct, _, _ := mime.ParseMediaType(h.Get("Content-Type"))
-	if ct != "text/event-stream" {
-		return false
+	if ct := h.Get("Content-Type"); ct != "text/event-stream" { // as SDKs send it: no parameters to parse
+		if ct, _, _ = mime.ParseMediaType(ct); ct != "text/event-stream" {
+			return false
+		}
 	}
 	enc := strings.TrimSpace(h.Get("Content-Encoding"))
 	return enc == "" || strings.EqualFold(enc, "identity")
