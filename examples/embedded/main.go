@@ -51,7 +51,9 @@ func main() {
 		log.Fatal(err)
 	}
 	defer closeEngine()
-	srv := &http.Server{Addr: *addr, Handler: h}
+	// ConnContext lets the engine see each request's connection, so that a
+	// call's short answer is written without a goroutine of its own.
+	srv := &http.Server{Addr: *addr, Handler: h, ConnContext: resume.ConnContext}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	go func() {
