@@ -72,8 +72,10 @@ type handOff struct {
 	mu      sync.Mutex
 	running bool // in a goroutine of its own (or ended in the tap's)
 	ended   bool // the client went while the tap wrote
-	// unflushed: the tap wrote the last answer without flushing it.
-	unflushed bool
+	// unflushed: the tap wrote the last answer without flushing it;
+	// headersPending: the response's headers and pre, until the first
+	// events flush them (or onQuiet, after flushSoon).
+	unflushed, headersPending bool
 	left      int // bytes the tap may still write itself
 	timer     *time.Timer
 	done      chan struct{} // closed when the relay's own goroutine returns
@@ -104,13 +106,16 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 	}
 	ho.ready, ho.left = ready, inlineBytes-headerBytes-len(pre)
 	inlineRelays.Add(1)
-	if !rl.write(pre) {
+	// The headers and pre go out with the first events, if they come
+	// within flushSoon (a system call and a client wake-up less), else alone.
+	if !rl.put(pre) {
 		ho.ended = true
 		rd.Close()
 		return
 	}
 	ho.mu.Lock() // onQuiet reads the timer
-	ho.timer = time.AfterFunc(ho.quiet, ho.onQuiet)
+	ho.headersPending = true
+	ho.timer = time.AfterFunc(min(flushSoon, ho.quiet), ho.onQuiet)
 	ho.mu.Unlock()
 }
 
@@ -143,6 +148,7 @@ func (ho *handOff) pump(answered bool) {
 				ho.clientGone()
 				return
 			}
+			ho.headersPending = false // flushed with the events, or with the last answer (unflushed)
 		}
 		switch {
 		case more || err != nil && err != io.EOF && !errors.Is(err, buffer.ErrIdle):
@@ -172,6 +178,18 @@ func (ho *handOff) clientGone() {
 func (ho *handOff) onQuiet() {
 	ho.mu.Lock()
 	defer ho.mu.Unlock()
+	if ho.headersPending && !ho.running && !ho.ended {
+		// No event came with them: the headers go out alone (the send
+		// queue was empty and these are its first bytes: no wait), and
+		// the upstream has the rest of the quiet time.
+		ho.headersPending = false
+		if ho.rl.rc.Flush() != nil {
+			ho.clientGone()
+			return
+		}
+		ho.timer.Reset(ho.quiet - min(flushSoon, ho.quiet))
+		return
+	}
 	if !ho.running && !ho.ended {
 		ho.run(nil, ho.unflushed)
 	}
@@ -181,7 +199,8 @@ func (ho *handOff) onQuiet() {
 // flushes, if flush (the response's headers, or the last answer the tap
 // wrote unflushed, must go out); ho.mu is held.
 func (ho *handOff) run(pre []byte, flush bool) {
-	ho.running = true
+	flush = flush || ho.headersPending
+	ho.running, ho.headersPending = true, false
 	if ho.timer != nil {
 		ho.timer.Stop()
 	}
