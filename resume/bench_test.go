@@ -135,4 +135,36 @@ func BenchmarkShortCall(b *testing.B) {
 			check(b, rec)
 		}
 	})
+	// Over a real HTTP/1.1 connection (the client's work counted too): the
+	// engine's relay is then written by the tap itself (handoff.go).
+	overSocket := func(b *testing.B, handler http.Handler) {
+		srv := httptest.NewUnstartedServer(handler)
+		srv.Config.ConnContext = ConnContext
+		srv.Start()
+		defer srv.Close()
+		client := srv.Client()
+		inline0 := inlineRelays.Load()
+		defer func() { b.ReportMetric(float64(inlineRelays.Load()-inline0)/float64(b.N), "inline/op") }()
+		b.ReportAllocs()
+		for b.Loop() {
+			r := request()
+			req, _ := http.NewRequest("POST", srv.URL+"/mcp", r.Body)
+			req.Header = r.Header
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(body), "counted to 1") {
+				b.Fatalf("call answered %d: %q", resp.StatusCode, body)
+			}
+		}
+	}
+	b.Run("upstream-socket", func(b *testing.B) { overSocket(b, upstream) })
+	b.Run("engine-socket", func(b *testing.B) {
+		h := testHandler(b)
+		newSession(b, h, "2025-11-25")
+		overSocket(b, h.Handler(upstream))
+	})
 }
