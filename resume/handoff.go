@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
@@ -59,9 +58,6 @@ const (
 	flushSoon = 5 * time.Millisecond
 )
 
-// inlineRelays counts the relays the tap began writing itself (tests read it).
-var inlineRelays atomic.Int64
-
 // handOff is the state of the relay beside a tap.
 type handOff struct {
 	rl    *relay
@@ -76,9 +72,9 @@ type handOff struct {
 	// headersPending: the response's headers and pre, until the first
 	// events flush them (or onQuiet, after flushSoon).
 	unflushed, headersPending bool
-	left      int // bytes the tap may still write itself
-	timer     *time.Timer
-	done      chan struct{} // closed when the relay's own goroutine returns
+	left                      int // bytes the tap may still write itself
+	timer                     *time.Timer
+	done                      chan struct{} // closed when the relay's own goroutine returns
 }
 
 // startRelay writes the client's response headers and pre, and relays the
@@ -99,13 +95,14 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 	t.relay = ho
 	ready, ok := rd.(buffer.ReadyReader)
 	if !ok || len(pre) > inlineBytes-headerBytes || !t.h.canWriteInline(t.client) {
+		relays.WithLabelValues("goroutine").Inc()
 		ho.mu.Lock()
 		ho.run(pre, true)
 		ho.mu.Unlock()
 		return
 	}
 	ho.ready, ho.left = ready, inlineBytes-headerBytes-len(pre)
-	inlineRelays.Add(1)
+	relays.WithLabelValues("tap").Inc()
 	// The headers and pre go out with the first events, if they come
 	// within flushSoon (a system call and a client wake-up less), else alone.
 	if !rl.put(pre) {

@@ -35,6 +35,8 @@ var (
 		"GETs with the upstream's Last-Event-ID (or, on the standalone stream, without one) that resumed an upstream stream that ended early, by outcome: resumed, failed, refused, exhausted; own_conflict (a standalone GET taken over from a lapsed lease met a 409: asked again), own_conflict_exhausted (it did not open within the bound).", "outcome")
 	takeovers = newCounterVec("takeovers_total",
 		"Request streams whose producer replica died, taken over by this replica for a client that reads them: resumed (the upstream answered the resume from the stored upstream event ID), refused (it refused it: the call failed explicitly), credential_refused (it refused, 401, the credential the client came back with: the call waits for the client to refresh), failed (it could not be reached: the call failed explicitly), complete (every answer was stored already: the stream ended here).", "outcome")
+	relays = newCounterVec("relays_total",
+		"Relays of a tapped response to its client, by writer: tap (the goroutine reading the upstream wrote the start itself: an HTTP/1 client whose connection's send queue was empty) or goroutine (a goroutine of its own from the start: HTTP/2 and 3, a send queue not empty, a shared store's stream).", "writer")
 	untapped = newCounterVec("untapped_total",
 		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused, attach_failed.", "reason")
 	storeRefusals = newCounterVec("store_refusals_total",
@@ -181,7 +183,7 @@ func (c storeCollector) Collect(ch chan<- prometheus.Metric) {
 // Collectors are the engine's metrics: the process-wide counters, and a
 // collector reading the stores stores lists at scrape time.
 func Collectors(stores func() []StoreView) []prometheus.Collector {
-	return []prometheus.Collector{resumes, gaps, limitsHit, upstreamReconnects, takeovers, untapped, replayed,
+	return []prometheus.Collector{resumes, gaps, limitsHit, upstreamReconnects, takeovers, untapped, relays, replayed,
 		retriesServed, credentialRejections, credentialChecks, storeRefusals, storeErrors, storeDataLost,
 		storePublish, stallSeconds, storeCollector{stores}}
 }

@@ -77,7 +77,7 @@ func TestAPipeliningClientThatReadsNothingNeverHoldsTheTap(t *testing.T) {
 	up := &pipelinedUpstream{k: 8, pad: 300}
 	srv := pipelinedServer(t, h, up)
 
-	inline0 := inlineRelays.Load()
+	inline0 := inlineRelays()
 	conn := dialStalled(t, srv)
 	const calls = 3000
 	go func() {
@@ -103,7 +103,7 @@ func TestAPipeliningClientThatReadsNothingNeverHoldsTheTap(t *testing.T) {
 	up.mu.Lock()
 	id, fin := up.lastBegun, up.lastBegunFinished
 	up.mu.Unlock()
-	inline := inlineRelays.Load() - inline0
+	inline := inlineRelays() - inline0
 	t.Logf("calls begun %d, finished %d; last begun: id %s, upstream finished writing: %v; relays the tap wrote itself: %d",
 		up.began.Load(), up.finished.Load(), id, fin, inline)
 	if inline == 0 || inline >= up.began.Load() {

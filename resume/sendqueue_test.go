@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // tcpPair is a real TCP connection on loopback: the server's end and the
@@ -40,6 +42,9 @@ func tcpPair(t *testing.T, small bool) (server, client net.Conn) {
 	t.Cleanup(func() { server.Close(); client.Close() })
 	return server, client
 }
+
+// inlineRelays is how many relays the tap began writing itself so far.
+func inlineRelays() int64 { return int64(testutil.ToFloat64(relays.WithLabelValues("tap"))) }
 
 func TestSendQueue(t *testing.T) {
 	if runtime.GOOS != "linux" {

@@ -27,6 +27,11 @@ func NewRawClient(t testing.TB, base, version string) *RawClient {
 	return &RawClient{Client: mcptest.NewClient(base, version, hc), t: t}
 }
 
+// NewRawClientOver is NewRawClient on hc (another protocol, say h2c).
+func NewRawClientOver(t testing.TB, base, version string, hc *http.Client) *RawClient {
+	return &RawClient{Client: mcptest.NewClient(base, version, hc), t: t}
+}
+
 // NewSession is a RawClient whose session is initialized.
 func NewSession(t testing.TB, base, version string) *RawClient {
 	t.Helper()

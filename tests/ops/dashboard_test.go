@@ -101,7 +101,7 @@ func checkExpr(t *testing.T, where, expr string, known map[string]string, used m
 	for _, m := range regexp.MustCompile(`\bby \(([^)]*)\)`).FindAllStringSubmatch(expr, -1) {
 		for _, l := range strings.Split(m[1], ",") {
 			switch strings.TrimSpace(l) {
-			case "instance", "job", "le", "outcome", "reason", "limit", "zone", "op":
+			case "instance", "job", "le", "outcome", "reason", "limit", "zone", "op", "writer":
 			default:
 				t.Errorf("%s: aggregation by unknown label %q: %s", where, l, expr)
 			}

@@ -257,3 +257,42 @@ func TestEveryMetricIsExposed(t *testing.T) {
 		}
 	}
 }
+
+// A call from an HTTP/1 client on a connection with nothing unread has its
+// relay's start written by the goroutine reading the upstream (Caddy gives
+// the engine the connection: caddymodule registers resume.ConnContext); over
+// HTTP/2 the relay always has a goroutine of its own. Either way the client
+// gets the whole call.
+func TestMetricsRelaysByWriter(t *testing.T) {
+	upstream := harness.StartDemo(t, demoserver.Options{})
+	c := harness.StartCaddyWithGlobal(t, "servers {\n\t\tprotocols h1 h2c\n\t}", site(upstream, ""))
+	args := map[string]any{"n": 2, "interval_ms": 0}
+
+	h1 := harness.NewSession(t, c.Base(), "2025-11-25")
+	m0 := scrapeBoth(t, c)
+	if evs := h1.CallToEnd(1, "count", args); len(evs) != 4 {
+		t.Fatalf("HTTP/1 call: %d events, want priming, 2 progress, result", len(evs))
+	}
+	m1 := scrapeBoth(t, c)
+	expectDelta(t, m0, m1, 1, "relays_total", "writer", "tap")
+	expectDelta(t, m0, m1, 0, "relays_total", "writer", "goroutine")
+
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	tr := &http.Transport{Protocols: &p}
+	t.Cleanup(tr.CloseIdleConnections)
+	h2 := harness.NewRawClientOver(t, c.Base(), "2025-11-25", &http.Client{Transport: tr, Timeout: 30 * time.Second})
+	h2.Initialize()
+	resp := h2.Call(1, "count", args)
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("the call went over HTTP/%d", resp.ProtoMajor)
+	}
+	evs := harness.ReadEvents(t, resp, 0)
+	resp.Body.Close()
+	if len(evs) != 4 {
+		t.Fatalf("HTTP/2 call: %d events, want priming, 2 progress, result", len(evs))
+	}
+	m2 := scrapeBoth(t, c)
+	expectDelta(t, m1, m2, 0, "relays_total", "writer", "tap")
+	expectDelta(t, m1, m2, 1, "relays_total", "writer", "goroutine")
+}
