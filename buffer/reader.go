@@ -56,67 +56,27 @@ func (r *memReader) Close() {
 }
 
 func (r *memReader) Read(ctx context.Context, dst [][]byte, maxBytes int, idle time.Duration) (Batch, error) {
-	s := r.s
 	for {
-		select {
-		case <-r.done:
-			return Batch{}, r.err
-		default:
+		b, _, err := r.take(dst, maxBytes, false)
+		if err != ErrIdle {
+			return b, err
 		}
-		s.mu.Lock()
-		// The caller is done with the previous batch (its Data is valid
-		// until this Read): its chunks may be recycled again.
-		r.pins = unpin(r.pins)
-		if r.next < s.log.floor {
-			// Events this reader still had to read are gone: a bug that
-			// must never stay silent (the relay signals a gap).
-			next, lost := r.next, s.log.floor-r.next
-			s.mu.Unlock()
-			return Batch{}, r.belowFloor(next, lost)
-		}
-		if r.next <= s.log.head {
-			var data [][]byte
-			var last uint64
-			data, r.pins, last = s.log.readPinned(dst[:0], r.pins, true, r.next, s.log.head, maxBytes)
-			b := Batch{First: r.next, Last: last, Data: data}
-			r.next = last + 1
-			s.mu.Unlock()
-			return b, nil
-		}
-		switch s.state {
-		case policy.Complete:
-			s.mu.Unlock()
-			return Batch{}, io.EOF
-		case policy.Failed:
-			reason := s.failReason
-			s.mu.Unlock()
-			return Batch{}, &FailedError{Reason: reason}
-		}
-		if s.kind == policy.StandaloneStream && !s.producing.Load() {
-			s.mu.Unlock()
-			return Batch{}, ErrProducerGone
-		}
-		s.waiting = true
-		s.mu.Unlock()
 		if err := r.wait(ctx, idle); err != nil {
 			return Batch{}, err
 		}
 	}
 }
 
-// belowFloor counts and reports the lost events of a reader whose position
-// next was evicted under it (lost of them), and returns ErrBelowFloor.
-func (r *memReader) belowFloor(next, lost uint64) error {
-	st := r.s.sess.store
-	st.counters.EventsEvictedBeforeAck.Add(lost)
-	if h := st.opts.Hooks.EvictedBeforeAck; h != nil {
-		h(r.s.sess.id, r.s.num, next, lost)
-	}
-	return ErrBelowFloor
-}
-
 // ReadReady implements ReadyReader.
 func (r *memReader) ReadReady(dst [][]byte, maxBytes int) (Batch, bool, error) {
+	return r.take(dst, maxBytes, true)
+}
+
+// take is one look at the log from the reader's position: the events
+// ready (at most maxBytes; with ready, none if the next alone is over it,
+// and more says what is left), else why there are none: the reader's end,
+// or ErrIdle (Read waits then: s.waiting asks appends to wake it).
+func (r *memReader) take(dst [][]byte, maxBytes int, ready bool) (b Batch, more bool, err error) {
 	s := r.s
 	select {
 	case <-r.done:
@@ -124,17 +84,23 @@ func (r *memReader) ReadReady(dst [][]byte, maxBytes int) (Batch, bool, error) {
 	default:
 	}
 	s.mu.Lock()
+	// The caller is done with the previous batch (its Data is valid
+	// until this call): its chunks may be recycled again.
 	r.pins = unpin(r.pins)
 	if r.next < s.log.floor {
+		// Events this reader still had to read are gone: a bug that
+		// must never stay silent (the relay signals a gap).
 		next, lost := r.next, s.log.floor-r.next
 		s.mu.Unlock()
 		return Batch{}, false, r.belowFloor(next, lost)
 	}
 	defer s.mu.Unlock()
 	if r.next <= s.log.head {
-		c := s.log.chunks[s.log.chunkOf(r.next)]
-		if start, end := c.span(r.next); int(end-start) > maxBytes {
-			return Batch{}, true, ErrIdle
+		if ready {
+			c := s.log.chunks[s.log.chunkOf(r.next)]
+			if start, end := c.span(r.next); int(end-start) > maxBytes {
+				return Batch{}, true, ErrIdle
+			}
 		}
 		var data [][]byte
 		var last uint64
@@ -152,7 +118,19 @@ func (r *memReader) ReadReady(dst [][]byte, maxBytes int) (Batch, bool, error) {
 	if s.kind == policy.StandaloneStream && !s.producing.Load() {
 		return Batch{}, false, ErrProducerGone
 	}
+	s.waiting = s.waiting || !ready
 	return Batch{}, false, ErrIdle
+}
+
+// belowFloor counts and reports the lost events of a reader whose position
+// next was evicted under it (lost of them), and returns ErrBelowFloor.
+func (r *memReader) belowFloor(next, lost uint64) error {
+	st := r.s.sess.store
+	st.counters.EventsEvictedBeforeAck.Add(lost)
+	if h := st.opts.Hooks.EvictedBeforeAck; h != nil {
+		h(r.s.sess.id, r.s.num, next, lost)
+	}
+	return ErrBelowFloor
 }
 
 func (r *memReader) wait(ctx context.Context, idle time.Duration) error {
