@@ -51,11 +51,12 @@ const (
 	// quietHandOff is how long the upstream may send nothing before the
 	// relay gets its own goroutine (capped by the keep-alive interval).
 	quietHandOff = 200 * time.Millisecond
-	// headerBytes is what the response headers are counted as.
-	headerBytes = 512
 	// flushSoon bounds how long the last answer waits, unflushed, for the
 	// response's end.
 	flushSoon = 5 * time.Millisecond
+	// headersSoon bounds how long the headers wait for the first events to
+	// go out with: a tool that takes longer has them alone.
+	headersSoon = time.Millisecond
 )
 
 // handOff is the state of the relay beside a tap.
@@ -70,7 +71,7 @@ type handOff struct {
 	ended   bool // the client went while the tap wrote
 	// unflushed: the tap wrote the last answer without flushing it;
 	// headersPending: the response's headers and pre, until the first
-	// events flush them (or onQuiet, after flushSoon).
+	// events flush them (or onQuiet, after headersSoon).
 	unflushed, headersPending bool
 	left                      int // bytes the tap may still write itself
 	timer                     *time.Timer
@@ -94,17 +95,18 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 	ho := &handOff{rl: rl, ctx: t.client.Context(), quiet: min(quietHandOff, time.Duration(t.h.Keepalive))}
 	t.relay = ho
 	ready, ok := rd.(buffer.ReadyReader)
-	if !ok || len(pre) > inlineBytes-headerBytes || !t.h.canWriteInline(t.client) {
+	head := headerSize(w.Header()) // the upstream's headers, which reverse_proxy copied, with the proxy's
+	if !ok || head+len(pre) > inlineBytes || !t.h.canWriteInline(t.client) {
 		relays.WithLabelValues("goroutine").Inc()
 		ho.mu.Lock()
 		ho.run(pre, true)
 		ho.mu.Unlock()
 		return
 	}
-	ho.ready, ho.left = ready, inlineBytes-headerBytes-len(pre)
+	ho.ready, ho.left = ready, inlineBytes-head-len(pre)
 	relays.WithLabelValues("tap").Inc()
 	// The headers and pre go out with the first events, if they come
-	// within flushSoon (a system call and a client wake-up less), else alone.
+	// within headersSoon (a system call and a client wake-up less), else alone.
 	if !rl.put(pre) {
 		ho.ended = true
 		rd.Close()
@@ -112,8 +114,24 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 	}
 	ho.mu.Lock() // onQuiet reads the timer
 	ho.headersPending = true
-	ho.timer = time.AfterFunc(min(flushSoon, ho.quiet), ho.onQuiet)
+	ho.timer = time.AfterFunc(min(headersSoon, ho.quiet), ho.onQuiet)
 	ho.mu.Unlock()
+	// What the log holds already (a resume of the standalone stream, an
+	// adoption's gap) goes out now, not with the upstream's next event.
+	ho.pump(false)
+}
+
+// headerSize is what the response's header block takes on the wire, at
+// least: its fields, their separators, and the status line and the date
+// net/http adds.
+func headerSize(h http.Header) int {
+	n := 64
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
 }
 
 // pump writes what is ready to the client, in the tap's goroutine, while
@@ -157,6 +175,9 @@ func (ho *handOff) pump(answered bool) {
 		case err == io.EOF:
 			ho.timer.Stop() // complete: the tap's close ends the relay
 			return
+		case ho.headersPending: // nothing ready yet: the headers go soon, alone if need be
+			ho.timer.Reset(min(headersSoon, ho.quiet))
+			return
 		case err != nil: // nothing more ready
 			ho.timer.Reset(ho.quiet)
 			return
@@ -184,7 +205,7 @@ func (ho *handOff) onQuiet() {
 			ho.clientGone()
 			return
 		}
-		ho.timer.Reset(ho.quiet - min(flushSoon, ho.quiet))
+		ho.timer.Reset(ho.quiet - min(headersSoon, ho.quiet))
 		return
 	}
 	if !ho.running && !ho.ended {

@@ -330,9 +330,14 @@ func (t *upstreamTap) flush() error {
 		t.pending = append(t.pending, e.Answers...)
 	}
 	if n > 0 {
-		// Answered: the last answer of a call, which goes out with the
-		// response's end (handoff.go).
-		t.relay.pump(len(t.pending) == 0 && len(t.batch) == n && t.stream.Kind() == policy.RequestStream)
+		// Answered here: this batch brought a call's last answer, which
+		// goes out with the response's end (handoff.go); anything after
+		// it goes out at once, the answer with it.
+		answered := false
+		for _, e := range t.batch[:n] {
+			answered = answered || len(e.Answers) > 0
+		}
+		t.relay.pump(answered && len(t.pending) == 0 && len(t.batch) == n && t.stream.Kind() == policy.RequestStream)
 	}
 	clear(t.batch) // keep no reference to the upstream's bytes
 	t.batch = t.batch[:0]
