@@ -57,6 +57,14 @@ func dialTuned(t *testing.T, addr string, mss, rcvbuf int) net.Conn {
 	return conn
 }
 
+// sessionBehind starts a Caddy in front of up, opens a 2025-11-25 session
+// through it, and returns the address raw clients dial.
+func sessionBehind(t *testing.T, up http.Handler) (*harness.Caddy, *harness.RawClient, string) {
+	t.Helper()
+	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), ""))
+	return c, harness.NewSession(t, c.Base(), "2025-11-25"), fmt.Sprintf("127.0.0.1:%d", c.HTTPPort)
+}
+
 // rawCall is a tools/call as raw HTTP/1.1 bytes for session sid.
 func rawCall(host, sid, version string, id int, tool string, extra ...string) string {
 	body := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":%q,"arguments":{},"_meta":{"progressToken":"tok"}}}`, id, tool)
@@ -198,9 +206,7 @@ func TestReview33DropAroundTheResultThenResume(t *testing.T) {
 			}
 		},
 	}}
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), ""))
-	cl := harness.NewSession(t, c.Base(), "2025-11-25")
-	host := fmt.Sprintf("127.0.0.1:%d", c.HTTPPort)
+	_, cl, host := sessionBehind(t, up)
 	for i := range 40 {
 		id := 100 + i
 		if i%2 == 1 {

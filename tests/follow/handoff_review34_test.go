@@ -165,9 +165,7 @@ func (rec *r34Rec) snapshot() []mcptest.Event {
 func TestReview34DropAtRandomMomentsThenResumeExactlyOnce(t *testing.T) {
 	harness.MemoryStoreOnly(t, "the tap writes to its client itself only with the memory store's ReadyReader")
 	up := &mcptest.Upstream{Tools: map[string]mcptest.Tool{"t": r34Tool}}
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), ""))
-	cl := harness.NewSession(t, c.Base(), "2025-11-25")
-	host := fmt.Sprintf("127.0.0.1:%d", c.HTTPPort)
+	_, cl, host := sessionBehind(t, up)
 	r34Drops(t, cl, func() net.Conn { return dialTuned(t, host, 0, 0) }, 140)
 }
 
@@ -268,9 +266,7 @@ func TestReview34ResumeTakesOverAnInlineRelay(t *testing.T) {
 			rc.Flush()
 		},
 	}}
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), ""))
-	cl := harness.NewSession(t, c.Base(), "2025-11-25")
-	host := fmt.Sprintf("127.0.0.1:%d", c.HTTPPort)
+	_, cl, host := sessionBehind(t, up)
 	var cutAfter []time.Duration
 	for i := range 24 {
 		id := 2000 + i
@@ -412,9 +408,7 @@ func TestReview34StopRightAfterAnUnflushedAnswer(t *testing.T) {
 func TestReview34NoGoroutineLeakAfterManyInlineCalls(t *testing.T) {
 	harness.MemoryStoreOnly(t, "the tap writes to its client itself only with the memory store's ReadyReader")
 	up := &mcptest.Upstream{Tools: map[string]mcptest.Tool{"t": r34Tool}}
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), ""))
-	cl := harness.NewSession(t, c.Base(), "2025-11-25")
-	host := fmt.Sprintf("127.0.0.1:%d", c.HTTPPort)
+	_, cl, host := sessionBehind(t, up)
 	run := func(k int) {
 		for i := range k {
 			id := 7*i + []int{0, 1, 2, 3, 4, 5}[i%6] // no pattern 6
@@ -507,9 +501,7 @@ func TestReview34TLSHTTP1Calls(t *testing.T) {
 func TestReview34HTTP10AndConnectionClose(t *testing.T) {
 	harness.MemoryStoreOnly(t, "the tap writes to its client itself only with the memory store's ReadyReader")
 	up := &mcptest.Upstream{Tools: map[string]mcptest.Tool{"t": r34Tool}}
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), ""))
-	cl := harness.NewSession(t, c.Base(), "2025-11-25")
-	host := fmt.Sprintf("127.0.0.1:%d", c.HTTPPort)
+	_, cl, host := sessionBehind(t, up)
 	for i := range 24 {
 		id := 4000 + i
 		if id%7 == 6 {
@@ -629,9 +621,7 @@ func TestReview34PollingUpstreamThroughTheInlineRelay(t *testing.T) {
 			rc.Flush()
 		}
 	}
-	c := harness.StartCaddy(t, mcptest.ResumeRoute(harness.StartHandler(t, up), ""))
-	cl := harness.NewSession(t, c.Base(), "2025-11-25")
-	host := fmt.Sprintf("127.0.0.1:%d", c.HTTPPort)
+	_, cl, host := sessionBehind(t, up)
 	var lat []time.Duration
 	for i := range 8 {
 		id := 10 + i
