@@ -39,6 +39,15 @@ func (h *Engine) serveGet(w http.ResponseWriter, r *http.Request, next Next, sid
 	return h.serveResume(w, r, next, sid, sess, lastID)
 }
 
+// sessionEnded reports whether sess (looked up as sid) has ended since.
+func (h *Engine) sessionEnded(sid string, sess buffer.Session) bool {
+	if sess.Context().Err() != nil {
+		return true
+	}
+	_, ok := h.rt.store.Session(sid)
+	return !ok
+}
+
 // serveResume answers a GET with Last-Event-ID from what the proxy holds
 // and remembers; policy.DecideResume says how.
 func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
@@ -97,6 +106,16 @@ func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
 		}
 	} else {
 		d = policy.DecideResume(in)
+	}
+	if d.Kind == policy.Reject && sess != nil && h.sessionEnded(sid, sess) {
+		// The session ended while this resume looked at it (a DELETE raced
+		// it: a shared store's stream records go with the session, and a
+		// cursor on a stream no longer there reads as one it never had):
+		// answer as for any ended session, from its tombstone.
+		if rd != nil {
+			rd.Close()
+		}
+		return h.serveResume(w, r, next, sid, nil, lastID)
 	}
 	resumes.WithLabelValues(d.Kind.String()).Inc()
 	if sess != nil && in.Cursor.Minted {
