@@ -54,21 +54,56 @@ func parseOne(raw []byte) (Call, error) {
 	if !ok {
 		return parseOneDecoded(raw)
 	}
+	c, err := m.call(func(method []byte) (string, error) {
+		if name, ok := plainString(method); ok {
+			return name, nil
+		}
+		return "", errDecode
+	})
+	if err == errDecode {
+		return parseOneDecoded(raw) // escapes or invalid UTF-8: encoding/json's reading
+	}
+	return c, err
+}
+
+// errDecode: a member's bytes need encoding/json to read them.
+var errDecode = errors.New("jsonrpc: decode the whole object")
+
+// parseOneDecoded is parseOne by decoding the whole object.
+func parseOneDecoded(raw []byte) (Call, error) {
+	// Member names are case-sensitive, as in the upstream SDKs.
+	var mm map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &mm); err != nil || mm == nil {
+		return Call{}, ErrBody
+	}
+	m := members{id: mm["id"], method: mm["method"], params: mm["params"]}
+	_, m.result = mm["result"]
+	_, m.error = mm["error"]
+	return m.call(func(method []byte) (name string, err error) {
+		err = json.Unmarshal(method, &name)
+		return name, err
+	})
+}
+
+// call is the message these members make, the method read by method.
+func (m members) call(method func([]byte) (string, error)) (Call, error) {
 	var c Call
 	if m.id != nil && !bytes.Equal(m.id, []byte("null")) {
 		c.ID = bytes.Clone(m.id)
 	}
 	switch {
 	case m.method != nil && !bytes.Equal(m.method, []byte("null")):
-		name, ok := plainString(m.method)
-		switch {
-		case ok:
-			c.Method = name
-		case m.method[0] == '"':
-			return parseOneDecoded(raw) // escapes or invalid UTF-8: encoding/json's reading
-		default:
+		if m.method[0] != '"' {
 			return Call{}, ErrBody // not a string
 		}
+		name, err := method(m.method)
+		if err == errDecode {
+			return Call{}, err
+		}
+		if err != nil {
+			return Call{}, ErrBody
+		}
+		c.Method = name
 		c.Kind = Notification
 		if c.ID != nil {
 			c.Kind = Request
@@ -80,40 +115,6 @@ func parseOne(raw []byte) (Call, error) {
 	}
 	if m.params != nil && c.Method == "initialize" {
 		c.ProtocolVersion = protocolVersionParam(m.params)
-	}
-	return c, nil
-}
-
-// parseOneDecoded is parseOne by decoding the whole object.
-func parseOneDecoded(raw []byte) (Call, error) {
-	// Member names are case-sensitive, as in the upstream SDKs.
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil || m == nil {
-		return Call{}, ErrBody
-	}
-	var c Call
-	if id, ok := m["id"]; ok && !bytes.Equal(id, []byte("null")) {
-		c.ID = id
-	}
-	method, hasMethod := m["method"]
-	_, hasResult := m["result"]
-	_, hasError := m["error"]
-	switch {
-	case hasMethod && !bytes.Equal(method, []byte("null")):
-		if err := json.Unmarshal(method, &c.Method); err != nil {
-			return Call{}, ErrBody
-		}
-		c.Kind = Notification
-		if c.ID != nil {
-			c.Kind = Request
-		}
-	case hasResult || hasError:
-		c.Kind = Response
-	default:
-		return Call{}, ErrBody
-	}
-	if params, ok := m["params"]; ok && c.Method == "initialize" {
-		c.ProtocolVersion = protocolVersionParam(params)
 	}
 	return c, nil
 }
