@@ -97,14 +97,14 @@ func (t *upstreamTap) startRelay(w http.ResponseWriter, rd buffer.Reader, pre []
 	ready, ok := rd.(buffer.ReadyReader)
 	head := headerSize(w.Header()) // the upstream's headers, which reverse_proxy copied, with the proxy's
 	if !ok || head+len(pre) > inlineBytes || !t.h.canWriteInline(t.client) {
-		relays.WithLabelValues("goroutine").Inc()
+		relaysByGoroutine.Inc()
 		ho.mu.Lock()
 		ho.run(pre, true)
 		ho.mu.Unlock()
 		return
 	}
 	ho.ready, ho.left = ready, inlineBytes-head-len(pre)
-	relays.WithLabelValues("tap").Inc()
+	relaysByTap.Inc()
 	// The headers and pre go out with the first events, if they come
 	// within headersSoon (a system call and a client wake-up less), else alone.
 	if !rl.put(pre) {

@@ -37,7 +37,9 @@ var (
 		"Request streams whose producer replica died, taken over by this replica for a client that reads them: resumed (the upstream answered the resume from the stored upstream event ID), refused (it refused it: the call failed explicitly), credential_refused (it refused, 401, the credential the client came back with: the call waits for the client to refresh), failed (it could not be reached: the call failed explicitly), complete (every answer was stored already: the stream ended here).", "outcome")
 	relays = newCounterVec("relays_total",
 		"Relays of a tapped response to its client, by writer: tap (the goroutine reading the upstream wrote the start itself: an HTTP/1 client whose connection's send queue was empty) or goroutine (a goroutine of its own from the start: HTTP/2 and 3, a send queue not empty, a shared store's stream).", "writer")
-	untapped = newCounterVec("untapped_total",
+	// Looked up once: every tapped response counts in one.
+	relaysByTap, relaysByGoroutine = relays.WithLabelValues("tap"), relays.WithLabelValues("goroutine")
+	untapped                       = newCounterVec("untapped_total",
 		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused, attach_failed.", "reason")
 	storeRefusals = newCounterVec("store_refusals_total",
 		"Requests refused with 503 because the zone's store could not take them, by reason: connecting (a shared store not connected yet), unavailable (it lost its connection), draining (this process is stopping).", "reason")
