@@ -263,9 +263,12 @@ func (st *Store) awaitsTakeover(key string, rec *streamRecord, now time.Time, or
 }
 
 // hasCursor reports whether the stream key recorded an upstream cursor: in
-// its record, or with its last stored message. A message that cannot be
-// read now counts as one that may carry it: failing the stream cannot be
-// undone, waiting for a takeover is bounded.
+// its record, or with its last stored message. rec may be older than the
+// message: an eviction (this sweep's, just before, or another replica's)
+// writes the cursor of the messages it purges into the record before it
+// purges them, so when no message carries one, the record is read again,
+// from KV. What cannot be read now counts as a cursor: failing the stream
+// cannot be undone, waiting for a takeover is bounded.
 func (st *Store) hasCursor(key string, rec *streamRecord) bool {
 	if rec.Upstream != "" {
 		return true
@@ -273,7 +276,14 @@ func (st *Store) hasCursor(key string, rec *streamRecord) bool {
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	m, err := st.lastWhole(ctx, st.names.subject(key), rec.FloorMsg)
-	return err != nil || m != nil && m.upstream != ""
+	if err != nil || m != nil && m.upstream != "" {
+		return true
+	}
+	if _, _, err := st.streams.fetch(ctx, key); err != nil {
+		return !errors.Is(err, errNotFound)
+	}
+	now, _, ok := st.streams.get(key)
+	return ok && now.Upstream != ""
 }
 
 // failOrphan ends a live request stream whose producer's lease lapsed (its

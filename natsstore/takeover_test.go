@@ -176,6 +176,54 @@ func TestOrphanWithACursorWaitsForATakeover(t *testing.T) {
 	}
 }
 
+// A client that comes back at the head of a call whose producer died
+// acknowledges every event, and its resume evicts them all: their messages
+// go, and the cursor the last one carried moves into the stream record. A
+// sweep that read the record just before (no cursor in it) and looks for
+// the message just after (none left) must still find the cursor, and leave
+// the orphan to a takeover. (It failed the call: a restarted only replica
+// did so, once, as its client came back.)
+func TestOrphanEvictedWholeStillWaitsForATakeover(t *testing.T) {
+	t.Parallel()
+	a, b := replicas(t, func(o *Options) { o.LeaseTTL = time.Second })
+	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
+	str, _ := sa.NewStream([]string{"1"}, [32]byte{1})
+	if _, err := str.TakeProducer(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	produceWithCursor(t, str, 1, 3)
+	key := str.(*stream).key
+	crash(a)
+
+	sb := sessionOn(t, b, "sess")
+	strB, _ := sb.Stream(1)
+	waitUntil(t, "the producer's lease to lapse", 10*time.Second, func() bool { return !b.leased(context.Background(), key) })
+	before, _, _ := b.streams.get(key)
+	_, r, err := strB.Resume(3, func(policy.StreamView) policy.Resume { return policy.Resume{Kind: policy.Noop, From: 4} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if v := strB.View(); v.Floor != 4 {
+		t.Fatalf("after the resume: floor %d, want every event evicted (floor 4)", v.Floor)
+	}
+	if !b.hasCursor(key, before) {
+		t.Fatal("the sweep's look at the orphan, on the record read before the eviction, found no cursor: it fails the call")
+	}
+	b.scanNow(t)
+	if v := strB.View(); v.State != policy.Live {
+		t.Fatalf("after a scan: state %s, want the stream live for a takeover", v.State)
+	}
+	if got := strB.UpstreamCursor(); got != "up-3" {
+		t.Fatalf("the cursor after the eviction: %q, want up-3", got)
+	}
+	p, _, err := strB.(buffer.Takeover).TakeOver(context.Background())
+	if err != nil {
+		t.Fatalf("takeover after the eviction: %v", err)
+	}
+	p.Done()
+}
+
 // A request stream's producer on A, cut off from NATS. With an upstream
 // cursor stored, it stops itself before its lease can lapse (so B, taking
 // the call over once it lapsed, finds the upstream's response closed); once

@@ -20,16 +20,24 @@ import (
 // replica) wrote them a moment ago, and a stale cursor would have the
 // upstream send again what the stream has (or skip what it lacks).
 func (s *stream) UpstreamCursor() string {
-	ctx, cancel := s.sess.st.opCtx()
+	st := s.sess.st
+	ctx, cancel := st.opCtx()
 	defer cancel()
-	if _, _, err := s.sess.st.streams.fetch(ctx, s.key); err != nil && !errors.Is(err, errNotFound) {
-		s.sess.st.fault("stream", err)
+	// The message first, then the record from KV: an eviction writes the
+	// cursor of the messages it purges into the record before it purges
+	// them, so one of the two has it whenever the eviction comes.
+	var hint uint64
+	if rec, ok := s.record(); ok {
+		hint = rec.FloorMsg
+	}
+	m, err := st.lastWhole(ctx, st.names.subject(s.key), hint)
+	if _, _, err := st.streams.fetch(ctx, s.key); err != nil && !errors.Is(err, errNotFound) {
+		st.fault("stream", err)
 	}
 	rec, ok := s.record()
 	if !ok {
 		return ""
 	}
-	m, err := s.sess.st.lastWhole(ctx, s.sess.st.names.subject(s.key), rec.FloorMsg)
 	if err == nil && m != nil && m.upstream != "" && m.last() > rec.UpstreamAt {
 		return m.upstream
 	}
