@@ -261,11 +261,13 @@ func (h *Engine) authorizeSeen(w http.ResponseWriter, r *http.Request, next Next
 }
 
 // reauthorize authorizes a request again once a serving path found its
-// session where authorizeSeen saw none (seen nil); it reports whether the
-// request goes on, and when it does not, the client has its answer.
+// session other than authorizeSeen saw it: where it saw none (seen nil), or
+// another incarnation (the session deleted and made again in between, bound
+// to whoever made it); it reports whether the request goes on, and when it
+// does not, the client has its answer.
 func (h *Engine) reauthorize(w http.ResponseWriter, r *http.Request, next Next, sid string,
 	kind policy.RequestKind, seen, found buffer.Session) (goOn bool, err error) {
-	if found == nil || seen != nil {
+	if found == nil || seen != nil && seen.Epoch() == found.Epoch() {
 		return true, nil
 	}
 	return h.authorize(w, r, next, sid, kind)
