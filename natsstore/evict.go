@@ -69,6 +69,14 @@ func (st *Store) evict(key string, now time.Time) bool {
 	case at != nil:
 		// The floor's event is stored: its message stays, those before go.
 		off, purgeBefore, floorMsg = at.offsetOf(floor), at.seq, at.seq
+		if at.parts != 0 && at.part < at.parts {
+			// A part of an event carries no cursor (its last part does,
+			// which a producer that died mid-event never stored): the
+			// cursor of the messages that go stays, in the record.
+			if prev, _, err := st.locate(ctx, subject, floor-1, rec.FloorMsg); err == nil && prev != nil && prev.last() == floor-1 {
+				upstream, upstreamAt = prev.upstream, prev.last()
+			}
+		}
 	case last != nil:
 		// Every stored event goes (an acknowledgement never reaches past
 		// what is stored). The subject empties; its writer, finding it
