@@ -201,11 +201,18 @@ func (st *MemoryStore) CreateSession(id string, meta SessionMeta) (Session, erro
 	if !policy.AdmitSession(meta.Origin, counts) {
 		return nil, ErrTooManySessions
 	}
+	var past []string // a new incarnation's epoch is none of these
+	if t, ok := st.tombs[id]; ok {
+		past = append(past, t.Past.Epoch)
+		for _, p := range t.Earlier {
+			past = append(past, p.Epoch)
+		}
+	}
 	ctx, cancel := context.WithCancel(st.ctx)
 	s := &memSession{
 		store:      st,
 		id:         id,
-		epoch:      eventid.NewEpoch(st.key, id),
+		epoch:      eventid.NewEpoch(st.key, id, past...),
 		meta:       meta,
 		created:    st.now(),
 		ctx:        ctx,

@@ -137,17 +137,22 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	now := time.Now().UnixNano()
-	rec := &sessionRecord{ID: id, Epoch: eventid.NewEpoch(st.Key(), id), Version: meta.Version,
+	rec := &sessionRecord{ID: id, Version: meta.Version,
 		Fingerprint: meta.Fingerprint[:], Bind: meta.Bind, Endpoint: meta.Endpoint, Origin: meta.Origin,
 		Created: now, LastActive: now, NextStream: 1}
 	rec.setCredential(meta.Credential)
 	tomb, tombRev, hasTomb := st.tombstoneOf(ctx, sh)
+	var past []string // a new incarnation's epoch is none of these
 	if hasTomb && tomb.ID == id {
 		rec.Past = append([]buffer.Past{tomb.Past}, tomb.Earlier...)
+		for _, p := range rec.Past {
+			past = append(past, p.Epoch)
+		}
 		if len(rec.Past) > maxPast {
 			rec.Past = rec.Past[:maxPast]
 		}
 	}
+	rec.Epoch = eventid.NewEpoch(st.Key(), id, past...)
 	// The interest first: the records written next are of interest from
 	// the moment they are (review 28: a forgetting of what is not, at a
 	// scan's end, between the writes and the handle lost them for good).

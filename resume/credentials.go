@@ -224,6 +224,14 @@ func (h *Engine) authorize(w http.ResponseWriter, r *http.Request, next Next, si
 	return goOn, err
 }
 
+// allowed reports whether r may act on session sid as the store holds it
+// now, by its binding alone: for a request the upstream has answered
+// already, which nothing can refuse or vouch for any more.
+func (h *Engine) allowed(r *http.Request, sid string) bool {
+	a, _, err := h.access(r, sid, policy.Call)
+	return err == nil && policy.Authorize(a) == policy.Allow
+}
+
 // authorizeSeen is authorize, also returning the session it found (nil if
 // none). A serving path that finds a session where this found none (one
 // created meanwhile: an adoption, another replica's) authorizes again
@@ -267,10 +275,22 @@ func (h *Engine) authorizeSeen(w http.ResponseWriter, r *http.Request, next Next
 // does not, the client has its answer.
 func (h *Engine) reauthorize(w http.ResponseWriter, r *http.Request, next Next, sid string,
 	kind policy.RequestKind, seen, found buffer.Session) (goOn bool, err error) {
-	if found == nil || seen != nil && seen.Epoch() == found.Epoch() {
+	if found == nil || seen != nil && sameBinding(seen, found) {
 		return true, nil
 	}
 	return h.authorize(w, r, next, sid, kind)
+}
+
+// sameBinding reports whether a and b are one incarnation of a session,
+// bound alike. The epoch names the incarnation (a new one never takes an
+// epoch its session's remembered past holds); the binding is compared too,
+// for one made again more often than that past remembers.
+func sameBinding(a, b buffer.Session) bool {
+	if a.Epoch() != b.Epoch() {
+		return false
+	}
+	ma, mb := a.Meta(), b.Meta()
+	return ma.Fingerprint == mb.Fingerprint && ma.Credential.Hash == mb.Credential.Hash
 }
 
 // access is what the proxy knows of the session a request names, for

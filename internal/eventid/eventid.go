@@ -22,6 +22,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strconv"
 )
 
@@ -53,12 +54,21 @@ type ID struct {
 	Seq    uint64
 }
 
-// NewEpoch mints an epoch for a new incarnation of session sid, under key.
-func NewEpoch(key []byte, sid string) string {
+// NewEpoch mints an epoch for a new incarnation of session sid, under key,
+// other than any of past (the epochs of its earlier incarnations still
+// remembered). An epoch names one incarnation: a new one drawn equal to an
+// old one would take the old one's cursors, and the requests authorized
+// against it, for its own (with 12 bits of nonce, one re-creation in 4096).
+func NewEpoch(key []byte, sid string, past ...string) string {
 	var b [2]byte
 	rand.Read(b[:]) // never fails (crypto/rand panics instead since Go 1.24)
 	nonce := uint64(binary.BigEndian.Uint16(b[:])) & (1<<nonceBits - 1)
-	return encode(nonce<<macBits | mac(key, sid, nonce))
+	epoch := encode(nonce<<macBits | mac(key, sid, nonce))
+	for i := 0; i < 1<<nonceBits && slices.Contains(past, epoch); i++ {
+		nonce = (nonce + 1) & (1<<nonceBits - 1)
+		epoch = encode(nonce<<macBits | mac(key, sid, nonce))
+	}
+	return epoch
 }
 
 // Minted reports whether epoch was minted by NewEpoch for sid under key.
