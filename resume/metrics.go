@@ -40,7 +40,7 @@ var (
 	// Looked up once: every tapped response counts in one.
 	relaysByTap, relaysByGoroutine = relays.WithLabelValues("tap"), relays.WithLabelValues("goroutine")
 	untapped                       = newCounterVec("untapped_total",
-		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused, attach_failed.", "reason")
+		"SSE responses passed through without retention (not resumable), by reason: compressed, stream_refused, attach_failed, not_authorized.", "reason")
 	storeRefusals = newCounterVec("store_refusals_total",
 		"Requests refused with 503 because the zone's store could not take them, by reason: connecting (a shared store not connected yet), unavailable (it lost its connection), draining (this process is stopping).", "reason")
 	storeErrors = newCounterVec("store_errors_total",

@@ -669,7 +669,18 @@ func (h *Engine) serveCall(w http.ResponseWriter, r *http.Request, next Next,
 			s, err := h.rt.store.CreateSession(sid, h.sessionMeta(r, version, policy.Adopted))
 			switch {
 			case errors.Is(err, buffer.ErrSessionExists):
+				// Made meanwhile (another request's adoption, an
+				// initialize elsewhere), bound to whoever made it; this
+				// request was passed as one of an unknown session,
+				// unchecked. Tapped into it only if it may act on it,
+				// else its answer passes through untouched.
 				if s, _ = h.rt.store.Session(sid); s == nil {
+					return false
+				}
+				if !h.allowed(r, sid) {
+					h.logger.Warn("stream not retained: the session was made meanwhile, bound to other credentials; passed through",
+						zap.String("session", sid))
+					untapped.WithLabelValues("not_authorized").Inc()
 					return false
 				}
 			case err != nil:
