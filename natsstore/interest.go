@@ -196,11 +196,9 @@ func (st *Store) dropInterest(sh string) {
 	}
 	delete(in.subs, sh)
 	if !in.full.on && !in.full.starting {
-		prefix := sh + "."
-		other := func(key string) bool { return key != sh && !strings.HasPrefix(key, prefix) }
-		st.sessions.forget(other)
-		st.streams.forget(other)
-		st.leases.forget(other)
+		st.sessions.forgetSession(sh)
+		st.streams.forgetSession(sh)
+		st.leases.forgetSession(sh)
 	}
 	in.mu.Unlock()
 	if s.sub != nil {

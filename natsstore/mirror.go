@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,8 +61,11 @@ type mirror[T any] struct {
 	// written instead of decoding it.
 	writing map[string]written[T]
 	groups  map[string]map[string]struct{}
-	live    int         // entries not deleted
-	gone    []goneEntry // deletions, oldest first: what tidy forgets (and purges) in turn
+	// bySession is every key held (deleted ones too) by the session token
+	// it begins with: what a session's end forgets, without a walk of all.
+	bySession map[string]map[string]struct{}
+	live      int         // entries not deleted
+	gone      []goneEntry // deletions, oldest first: what tidy forgets (and purges) in turn
 }
 
 type written[T any] struct {
@@ -98,7 +102,7 @@ type entry[T any] struct {
 func newMirror[T any](kv jetstream.KeyValue, group func(string) string, changed func(string, *T)) *mirror[T] {
 	return &mirror[T]{kv: kv, group: group, changed: changed,
 		entries: make(map[string]*entry[T]), groups: make(map[string]map[string]struct{}),
-		writing: make(map[string]written[T])}
+		bySession: make(map[string]map[string]struct{}), writing: make(map[string]written[T])}
 }
 
 // get returns the value at key (shared: never modify it) and its revision.
@@ -235,6 +239,11 @@ func (m *mirror[T]) applyAs(key string, rev uint64, raw []byte, val *T, expired 
 	if e == nil {
 		e = &entry[T]{}
 		m.entries[key] = e
+		sh := sessionOfKey(key)
+		if m.bySession[sh] == nil {
+			m.bySession[sh] = make(map[string]struct{})
+		}
+		m.bySession[sh][key] = struct{}{}
 	}
 	was, old := e.val != nil, e.val
 	if val == nil && was {
@@ -299,7 +308,7 @@ func (m *mirror[T]) due(age time.Duration, max int) []keyRev {
 			if m.markerTTL == 0 || e.byDelete {
 				out = append(out, keyRev{g.key, e.rev})
 			}
-			delete(m.entries, g.key)
+			m.drop(g.key)
 		}
 	}
 	clear(m.gone[:n])
@@ -429,24 +438,59 @@ func (m *mirror[T]) forget(keep func(key string) bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, e := range m.entries {
-		if keep(k) {
-			continue
+		if !keep(k) {
+			m.forgetEntry(k, e)
 		}
-		if e.val != nil {
-			if m.index != nil {
-				m.index(k, e.val, nil)
-			}
-			m.live--
-			if m.group != nil {
-				g := m.group(k)
-				delete(m.groups[g], k)
-				if len(m.groups[g]) == 0 {
-					delete(m.groups, g)
-				}
-			}
-		}
-		delete(m.entries, k)
 	}
+}
+
+// forgetSession is forget of the keys of session sh (its token, and those
+// that begin with it and a dot), found by the session index.
+func (m *mirror[T]) forgetSession(sh string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.bySession[sh] {
+		if e := m.entries[k]; e != nil {
+			m.forgetEntry(k, e)
+		}
+	}
+}
+
+// forgetEntry drops key k, whose entry is e; m.mu is held.
+func (m *mirror[T]) forgetEntry(k string, e *entry[T]) {
+	if e.val != nil {
+		if m.index != nil {
+			m.index(k, e.val, nil)
+		}
+		m.live--
+		if m.group != nil {
+			g := m.group(k)
+			delete(m.groups[g], k)
+			if len(m.groups[g]) == 0 {
+				delete(m.groups, g)
+			}
+		}
+	}
+	m.drop(k)
+}
+
+// drop deletes key k from the entries and the session index; m.mu is held.
+func (m *mirror[T]) drop(k string) {
+	delete(m.entries, k)
+	sh := sessionOfKey(k)
+	if keys := m.bySession[sh]; keys != nil {
+		delete(keys, k)
+		if len(keys) == 0 {
+			delete(m.bySession, sh)
+		}
+	}
+}
+
+// sessionOfKey is the session token a record's key begins with (a session
+// record's key is the token itself).
+func sessionOfKey(key string) string {
+	sh, _, _ := strings.Cut(key, ".")
+	return sh
 }
 
 // ---- writes ------------------------------------------------------------

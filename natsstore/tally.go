@@ -56,6 +56,11 @@ type zoneTally struct {
 	rev    uint64        // the KV revision of read
 	polled int64         // when this replica last read the tally's key (unix nanos), 0 before
 	local  []tallyChange // the zone's creations (+1) and deletions (-1) since the reading, as told
+	// since sums the changes of local made after the reading summedFor
+	// (the one read, unless a new one came since): counts is then no walk
+	// of local, which holds thousands in session churn.
+	since     [4]int64
+	summedFor publishedTally
 }
 
 type tallyChange struct {
@@ -151,6 +156,9 @@ func (z *zoneTally) reset(keep time.Duration) {
 func (z *zoneTally) add(c tallyChange) {
 	z.mu.Lock()
 	z.local = append(z.local, c)
+	if z.summedFor == z.read && c.at > z.read.At {
+		z.since[c.slot] += c.delta
+	} // else the next counts sums local again, this one with it
 	z.mu.Unlock()
 }
 
@@ -168,21 +176,29 @@ func (st *Store) tombChanged(delta int64) {
 func (z *zoneTally) counts() (policy.SessionCounts, int) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
+	if z.summedFor != z.read {
+		// A new reading: the changes it surely includes go, those after
+		// it are summed (once per reading).
+		keep := z.local[:0]
+		z.since = [4]int64{}
+		for _, c := range z.local {
+			if c.at > z.read.At-int64(time.Second) {
+				// Within a second of the reading (clocks differ): counted
+				// here, and kept until a reading surely includes it.
+				keep = append(keep, c)
+				if c.at > z.read.At {
+					z.since[c.slot] += c.delta
+				}
+			}
+		}
+		z.local, z.summedFor = keep, z.read
+	}
 	var n [4]int64
 	copy(n[:], z.read.Counts[:])
 	n[tombSlot] = int64(z.read.Tombs)
-	keep := z.local[:0]
-	for _, c := range z.local {
-		if c.at > z.read.At-int64(time.Second) {
-			// Within a second of the reading (clocks differ): counted
-			// here, and kept until a reading surely includes it.
-			keep = append(keep, c)
-			if c.at > z.read.At {
-				n[c.slot] += c.delta
-			}
-		}
+	for i, d := range z.since {
+		n[i] += d
 	}
-	z.local = keep
 	return policy.SessionCounts{Sessions: int(max(n[0], 0)), Adopted: int(max(n[1], 0)), Untapped: int(max(n[2], 0))},
 		int(max(n[tombSlot], 0))
 }
