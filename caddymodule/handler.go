@@ -18,6 +18,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"strings"
 
@@ -205,7 +206,33 @@ func (h *Handler) Cleanup() error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler: the engine has it.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
-	return h.engine.ServeHTTP(w, r, next)
+	groups, ok := r.Context().Value(routeGroupsKey).(map[string]struct{})
+	if !ok {
+		return h.engine.ServeHTTP(w, r, next)
+	}
+	return h.engine.ServeHTTP(w, r, groupsAsAtEntry{next, maps.Clone(groups)})
+}
+
+// routeGroupsKey is the context key of the route groups a request entered
+// (caddyhttp's routeGroupCtxKey, unexported: a caddy.CtxKey, so the same
+// value names it).
+const routeGroupsKey = caddy.CtxKey("route_group")
+
+// groupsAsAtEntry runs the handlers after this one with the route groups
+// the request had entered when it reached this one, afresh for each request
+// the engine sends through them. The tap's later requests (a reconnect, a
+// reopened GET, a takeover) go through the same handlers as the client's
+// first: a grouped route among them (a rewrite, a handle) must run for each
+// as it ran for the first, not be skipped as entered already (review 36:
+// a rewrite after mcp_resume in a route was skipped on the reconnect GET,
+// which the upstream answered 404).
+type groupsAsAtEntry struct {
+	next   caddyhttp.Handler
+	groups map[string]struct{}
+}
+
+func (g groupsAsAtEntry) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	return g.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeGroupsKey, maps.Clone(g.groups))))
 }
 
 // replace resolves bind placeholders with the request's Caddy replacer, so

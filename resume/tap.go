@@ -675,17 +675,12 @@ func isEventStreamType(h http.Header) bool {
 // upstreamRequest is the client's request as the tap forwards it: detached,
 // and asking for an uncompressed response, which the tap must read.
 func (t *upstreamTap) upstreamRequest(r *http.Request) *http.Request {
-	req := r.WithContext(t.ctx)
-	// A header map of its own that shares the values: the tap sets and
-	// deletes fields, never appends to one, and reverse_proxy copies the
-	// header before it changes anything.
-	h := make(http.Header, len(r.Header))
-	for k, v := range r.Header {
-		if k != "Accept-Encoding" {
-			h[k] = v
-		}
-	}
-	req.Header = h
+	// A deep copy: the handlers after this one in a route may change the
+	// request in place (Caddy's header replacements edit the values, a
+	// rewrite the URL), and the tap builds its later upstream requests
+	// from the client's (review 36).
+	req := r.Clone(t.ctx)
+	req.Header.Del("Accept-Encoding")
 	return req
 }
 
