@@ -21,6 +21,7 @@ import (
 	"maps"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
@@ -210,7 +211,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if !ok {
 		return h.engine.ServeHTTP(w, r, next)
 	}
-	return h.engine.ServeHTTP(w, r, groupsAsAtEntry{next, maps.Clone(groups)})
+	g := &groupsAsAtEntry{next: next}
+	if len(groups) > 0 {
+		g.groups = maps.Clone(groups)
+	}
+	return h.engine.ServeHTTP(w, r, g)
 }
 
 // routeGroupsKey is the context key of the route groups a request entered
@@ -218,21 +223,27 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // value names it).
 const routeGroupsKey = caddy.CtxKey("route_group")
 
-// groupsAsAtEntry runs the handlers after this one with the route groups
-// the request had entered when it reached this one, afresh for each request
-// the engine sends through them. The tap's later requests (a reconnect, a
-// reopened GET, a takeover) go through the same handlers as the client's
-// first: a grouped route among them (a rewrite, a handle) must run for each
-// as it ran for the first, not be skipped as entered already (review 36:
-// a rewrite after mcp_resume in a route was skipped on the reconnect GET,
-// which the upstream answered 404).
+// groupsAsAtEntry runs the handlers after this one for each request the
+// engine sends through them with the route groups the client's request had
+// entered when it reached this one. The engine may send several: a ping
+// that vouches for a credential before the request itself, the tap's later
+// requests (a reconnect, a reopened GET). Each must run the grouped routes
+// among those handlers (a rewrite, a handle) as the first did, not skip
+// them as entered already (review 36: a rewrite after mcp_resume in a route
+// was skipped on the tap's reconnect GET, which the upstream answered 404).
 type groupsAsAtEntry struct {
 	next   caddyhttp.Handler
-	groups map[string]struct{}
+	groups map[string]struct{} // as at entry (nil: none)
+	used   atomic.Bool         // the first went through with the request's own record
 }
 
-func (g groupsAsAtEntry) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
-	return g.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeGroupsKey, maps.Clone(g.groups))))
+func (g *groupsAsAtEntry) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	if !g.used.Swap(true) {
+		return g.next.ServeHTTP(w, r)
+	}
+	fresh := make(map[string]struct{}, len(g.groups))
+	maps.Copy(fresh, g.groups)
+	return g.next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeGroupsKey, fresh)))
 }
 
 // replace resolves bind placeholders with the request's Caddy replacer, so
