@@ -57,22 +57,11 @@ func (r callRun) proxyCPU() float64 {
 	return float64((r.proxy + r.after).Nanoseconds()) / 1e3 / float64(r.Events)
 }
 func (r callRun) afterCPU() float64 { return float64(r.after.Nanoseconds()) / 1e3 / float64(r.Events) }
-
-// loadCPU is µs per call (or session) of the load process (upstream and
-// clients): the same work whichever setup it goes through.
-func (r callRun) loadCPU() float64 { return float64(r.CPU.Nanoseconds()) / 1e3 / float64(r.Events) }
-
-// perLoadCPU is the proxy's CPU per call over the load's: on this shared
-// machine the speed of a core drifts by tens of percent between rounds (the
-// load's own CPU for the same calls moved from 137 to 205 µs in one run),
-// and both processes drift together, so this ratio compares setups with
-// the drift taken out.
-func (r callRun) perLoadCPU() float64 { return r.proxyCPU() / r.loadCPU() }
-func (r callRun) allocs() float64     { return float64(r.mallocs) / float64(r.Events) }
-func (r callRun) sysPer() float64     { return float64(r.syscalls) / float64(r.Events) }
-func (r callRun) csPer() float64      { return float64(r.switches) / float64(r.Events) }
-func (r callRun) p50() float64        { return r.P50 }
-func (r callRun) p99() float64        { return r.P99 }
+func (r callRun) allocs() float64   { return float64(r.mallocs) / float64(r.Events) }
+func (r callRun) sysPer() float64   { return float64(r.syscalls) / float64(r.Events) }
+func (r callRun) csPer() float64    { return float64(r.switches) / float64(r.Events) }
+func (r callRun) p50() float64      { return r.P50 }
+func (r callRun) p99() float64      { return r.P99 }
 
 // calls runs one calls-phase configuration through one setup.
 func (b *bench) calls(setup string, c callConfig) (callRun, error) {
@@ -126,7 +115,6 @@ func (r *report) callsMarkdown() string {
 			proxy  bool
 		}{{unit + "s/s", callRun.perSec, num, false}, {"p50 latency, µs", callRun.p50, sig3, false}, {"p99 latency, µs", callRun.p99, sig3, false},
 			{"proxy CPU per " + unit + ", µs", callRun.proxyCPU, sig3, true}, {"of which after the run, µs", callRun.afterCPU, sig3, true},
-			{"proxy CPU per µs of the load's (drift taken out)", callRun.perLoadCPU, sig3, true},
 			{"proxy heap allocations per " + unit, callRun.allocs, sig3, true}, {"proxy read+write system calls per " + unit, callRun.sysPer, sig3, true},
 			{"proxy context switches per " + unit, callRun.csPer, sig3, true}} {
 			cells := []string{c.key() + ": " + f.label}
@@ -161,9 +149,6 @@ func (r *report) callTargets() string {
 		cpu := func(s string) float64 {
 			return ratio(r.call1(c, s, callRun.proxyCPU), r.call1(c, "plain", callRun.proxyCPU))
 		}
-		drift := func(s string) string { // the CPU ratio with the machine's drift taken out, for reading the one above
-			return " (" + ratioStr(ratio(r.call1(c, s, callRun.perLoadCPU), r.call1(c, "plain", callRun.perLoadCPU))) + " per µs of the load's)"
-		}
 		if c.churn {
 			if q := rate("jetstream"); !math.IsNaN(q) {
 				fmt.Fprintf(&t, "- issue 23: JetStream store, %s ≥ 0.5x plain sessions/s: %s → %s\n", c.key(), ratioStr(q), met[q >= 0.5])
@@ -171,10 +156,10 @@ func (r *report) callTargets() string {
 			continue
 		}
 		if q, p := rate("mcp_resume"), cpu("mcp_resume"); !math.IsNaN(q) {
-			fmt.Fprintf(&t, "- issue 23: memory store, %s: ≥ 0.95x plain calls/s: %s → %s; ≤ 1.1x proxy CPU per call: %s → %s%s\n", c.key(), ratioStr(q), met[q >= 0.95], ratioStr(p), met[p <= 1.1], drift("mcp_resume"))
+			fmt.Fprintf(&t, "- issue 23: memory store, %s: ≥ 0.95x plain calls/s: %s → %s; ≤ 1.1x proxy CPU per call: %s → %s\n", c.key(), ratioStr(q), met[q >= 0.95], ratioStr(p), met[p <= 1.1])
 		}
 		if q, p := rate("jetstream"), cpu("jetstream"); !math.IsNaN(q) {
-			fmt.Fprintf(&t, "- issue 23: JetStream store, %s: ≥ 0.5x plain calls/s: %s → %s; ≤ 3x proxy CPU per call: %s → %s%s\n", c.key(), ratioStr(q), met[q >= 0.5], ratioStr(p), met[p <= 3], drift("jetstream"))
+			fmt.Fprintf(&t, "- issue 23: JetStream store, %s: ≥ 0.5x plain calls/s: %s → %s; ≤ 3x proxy CPU per call: %s → %s\n", c.key(), ratioStr(q), met[q >= 0.5], ratioStr(p), met[p <= 3])
 		}
 	}
 	return t.String()

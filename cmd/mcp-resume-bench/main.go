@@ -271,7 +271,7 @@ func run(cfg config) error {
 				rep.calls[c][s] = append(rep.calls[c][s], r)
 			}
 			logf("%-24s %-10s: %6.0f /s, p50 %5.0f µs, p99 %6.0f µs; proxy %4.0f µs CPU (%3.0f after the run), %4.0f allocs, %4.1f syscalls each; load %4.0f µs CPU",
-				c.key(), s, r.perSec(), r.P50, r.P99, r.proxyCPU(), r.afterCPU(), r.allocs(), r.sysPer(), r.loadCPU())
+				c.key(), s, r.perSec(), r.P50, r.P99, r.proxyCPU(), r.afterCPU(), r.allocs(), r.sysPer(), float64(r.CPU.Nanoseconds())/1e3/float64(r.Events))
 			return err
 		}); err != nil {
 			return err
