@@ -33,16 +33,7 @@ func (m *madeAgainMidRequest) Session(id string) (buffer.Session, bool) {
 // act on (and read) a log that is not its own.
 func TestARequestIsAuthorizedAgainstTheIncarnationItIsServedOn(t *testing.T) {
 	t.Parallel()
-	h := testHandlerWith(t, Config{BindHeaders: []string{"X-User"}})
-	as := func(user string) *http.Request {
-		r := post("7")
-		r.Header.Set("X-User", user)
-		return r
-	}
-	first, err := h.rt.store.CreateSession("sess-1", h.sessionMeta(as("alice"), "2025-11-25", policy.Initialized))
-	if err != nil {
-		t.Fatal(err)
-	}
+	h, as, first := review35Setup(t) // bound to X-User, made by alice
 	store := &madeAgainMidRequest{Backend: h.rt.store}
 	store.again = func() {
 		h.rt.store.Delete("sess-1", policy.ReasonDeleted)
