@@ -27,8 +27,8 @@ type connKey struct{}
 
 // ConnContext is an http.Server ConnContext that keeps each request's
 // connection for the engine (Config.ClientConn's default), so that a short
-// answer can skip the relay's goroutine. Caddy keeps the connection itself:
-// the caddymodule adapter reads it there.
+// answer can skip the relay's goroutine. The caddymodule adapter registers
+// it on Caddy's servers.
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	return context.WithValue(ctx, connKey{}, c)
 }
