@@ -39,17 +39,15 @@ func StartStockNATS(dir string, port int) (*server.Server, error) {
 		StoreDir: dir, NoLog: true, NoSigs: true})
 }
 
-// startOn starts a server with o on port (0: any free one).
+// startOn starts a server with o on port (0: any free one, which the
+// server picks as it binds: a port found free beforehand may be taken by
+// another test's socket before the server binds it).
 func startOn(port int, o *server.Options) (*server.Server, error) {
-	if port == 0 {
-		p, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
-		port = p
-	}
 	o.Port = port
-	return startNATS(o)
+	if port == 0 {
+		o.Port = server.RANDOM_PORT
+	}
+	return startNATS(o, 30*time.Second)
 }
 
 // StockNATS runs StartStockNATS's server for t until t ends.
@@ -69,20 +67,36 @@ func StockNATS(t TB) *server.Server {
 // is current (a cluster that has only just elected a leader may still
 // refuse to place a replicated stream).
 func StartNATSCluster(dirs ...string) ([]*server.Server, error) {
+	// Every server must know the others' route ports before it starts, so
+	// they are found free beforehand; one taken meanwhile by another test's
+	// socket leaves its server unable to listen (NATS logs it and waits).
+	// A healthy server listens within moments: after a few seconds, start
+	// the cluster again on other ports.
+	return startNATSClusterRetrying(dirs, FreePort, 10*time.Second)
+}
+
+func startNATSClusterRetrying(dirs []string, routePort func() (int, error), ready time.Duration) ([]*server.Server, error) {
+	var err error
+	for range 3 {
+		var servers []*server.Server
+		if servers, err = startNATSCluster(dirs, routePort, ready); err == nil {
+			return servers, nil
+		}
+	}
+	return nil, err
+}
+
+func startNATSCluster(dirs []string, routePort func() (int, error), ready time.Duration) ([]*server.Server, error) {
 	var routes []*url.URL
 	opts := make([]*server.Options, len(dirs))
 	for i, dir := range dirs {
-		rp, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
-		cp, err := FreePort()
+		rp, err := routePort()
 		if err != nil {
 			return nil, err
 		}
 		u, _ := url.Parse(fmt.Sprintf("nats-route://127.0.0.1:%d", rp))
 		routes = append(routes, u)
-		opts[i] = &server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: cp,
+		opts[i] = &server.Options{ServerName: fmt.Sprintf("n%d", i+1), Host: "127.0.0.1", Port: server.RANDOM_PORT,
 			JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: 64 << 20, MaxPending: 64 << 20,
 			Cluster: server.ClusterOpts{Name: "testnet", Host: "127.0.0.1", Port: rp}}
 	}
@@ -94,7 +108,7 @@ func StartNATSCluster(dirs ...string) ([]*server.Server, error) {
 		wg.Add(1)
 		go func() { // each waits for its routes: start them together
 			defer wg.Done()
-			servers[i], errs[i] = startNATS(o)
+			servers[i], errs[i] = startNATS(o, ready)
 		}()
 	}
 	wg.Wait()
@@ -129,15 +143,15 @@ func settled(servers []*server.Server) bool {
 	return false
 }
 
-func startNATS(o *server.Options) (*server.Server, error) {
+func startNATS(o *server.Options, ready time.Duration) (*server.Server, error) {
 	s, err := server.NewServer(o)
 	if err != nil {
 		return nil, err
 	}
 	s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
+	if !s.ReadyForConnections(ready) {
 		s.Shutdown()
-		return nil, fmt.Errorf("NATS server %s not ready in 30s", o.ServerName)
+		return nil, fmt.Errorf("NATS server %s not ready in %s", o.ServerName, ready)
 	}
 	return s, nil
 }
