@@ -2,7 +2,10 @@ package harness
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/http"
+	"syscall"
 	"testing"
 	"time"
 
@@ -22,9 +25,25 @@ type RawClient struct {
 // retried by net/http) on one of them would fail with EOF.
 func NewRawClient(t testing.TB, base, version string) *RawClient {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.DialContext = dialAgainOnReset
 	t.Cleanup(tr.CloseIdleConnections)
 	hc := &http.Client{Timeout: 30 * time.Second, Transport: tr}
 	return &RawClient{Client: mcptest.NewClient(base, version, hc), t: t}
+}
+
+// dialAgainOnReset dials again when the connect is reset: on a reload
+// Caddy opens a new listener beside the old one (SO_REUSEPORT) and closes
+// the old, and a connection the kernel had just queued on the old one is
+// reset before a byte is sent (seen in CI, a POST right after a reload).
+// Nothing was sent, so a client dials again, as one reconnecting would.
+func dialAgainOnReset(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+	for attempt := 1; ; attempt++ {
+		c, err := d.DialContext(ctx, network, addr)
+		if err == nil || attempt == 3 || !errors.Is(err, syscall.ECONNRESET) {
+			return c, err
+		}
+	}
 }
 
 // NewRawClientOver is NewRawClient on hc (another protocol, say h2c).
