@@ -328,7 +328,6 @@ func (st *Store) deleteWhen(id string, reason policy.Reason, still func(*session
 			}
 			return false
 		}
-		st.awaitStreamsMade(ctx, r)
 		end = st.ending(ctx, r, reason)
 		if err := st.tombs.put(ctx, sh, end.tomb); err != nil {
 			st.fault("tombstone", err)
@@ -375,38 +374,6 @@ func (st *Store) deleteWhen(id string, reason policy.Reason, still func(*session
 		hk(id, reason)
 	}
 	return true
-}
-
-// streamMadeWait bounds how long a delete waits for the record of a
-// stream whose number was taken a moment ago (a variable for tests).
-var streamMadeWait = 2 * time.Second
-
-// awaitStreamsMade waits, within streamMadeWait, until this replica's
-// mirror holds the records of the request streams numbered above the
-// highest it holds and below rec's NextStream: streams being made now, on
-// any replica (newStream takes the number, then writes the record). The
-// tombstone is judged on the mirror, and one made after that judgement
-// would be unknown to it: its client, coming back, would get a gap and no
-// error for its request (review 37). A number whose record never comes
-// (its stream failed after taking it) costs the wait, once per delete.
-func (st *Store) awaitStreamsMade(ctx context.Context, rec *sessionRecord) {
-	sh := sessionToken(rec.ID)
-	var highest uint32
-	for _, key := range st.streams.keysOf(sh + "." + rec.Epoch) {
-		highest = max(highest, keyNum(key))
-	}
-	deadline := time.Now().Add(streamMadeWait)
-	for num := highest + 1; num < rec.NextStream; num++ {
-		key := streamKey(sh, rec.Epoch, num)
-		for wait := 2 * time.Millisecond; ; wait = min(2*wait, 100*time.Millisecond) {
-			if _, _, ok := st.streams.lookup(ctx, key); ok {
-				break
-			}
-			if time.Now().After(deadline) || !sleepCtx(ctx, wait) {
-				return
-			}
-		}
-	}
 }
 
 // sessionEnd is what ending a session leaves and counts.
