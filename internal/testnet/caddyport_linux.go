@@ -1,6 +1,9 @@
 package testnet
 
 import (
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -63,3 +66,30 @@ var (
 	heldMu sync.Mutex
 	held   []int
 )
+
+// Listening counts the sockets listening on TCP port (IPv4 and IPv6), as
+// /proc/net shows them: after a Caddy reload, the old server's listener
+// stays beside the new one (SO_REUSEPORT) until its shutdown closes it.
+func Listening(port int) (int, error) {
+	n := 0
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if os.IsNotExist(err) {
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fields := strings.Fields(line)
+			if len(fields) < 4 || fields[3] != "0A" { // TCP_LISTEN
+				continue
+			}
+			_, hexPort, ok := strings.Cut(fields[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(p) == port {
+				n++
+			}
+		}
+	}
+	return n, nil
+}

@@ -46,3 +46,37 @@ func TestCaddyPortIsHeldForCaddy(t *testing.T) {
 		}
 	}
 }
+
+// Listening counts the listeners on a port, two side by side as a Caddy
+// reload has them (SO_REUSEPORT), and not a socket merely holding it.
+func TestListeningCountsListenersSideBySide(t *testing.T) {
+	port, err := CaddyPort() // held by a bound socket that does not listen
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(want int) {
+		t.Helper()
+		if n, err := Listening(port); err != nil || n != want {
+			t.Fatalf("Listening(%d) = %d, %v; want %d", port, n, err, want)
+		}
+	}
+	count(0)
+	reuse := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var err error
+		c.Control(func(fd uintptr) { err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1) })
+		return err
+	}}
+	old, err := reuse.Listen(context.Background(), "tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	count(1)
+	cur, err := reuse.Listen(context.Background(), "tcp", fmt.Sprintf(":%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cur.Close()
+	count(2)
+	old.Close()
+	count(1)
+}
