@@ -30,12 +30,7 @@ func TestReview35OrphanWithATornLastEventKeepsItsCursorAcrossAnEviction(t *testi
 	}
 	produceWithCursor(t, str, 1, 3)
 	strandFirstPart(t, a, str)
-	key := str.(*stream).key
-	crash(a)
-
-	sb := sessionOn(t, b, "sess")
-	strB, _ := sb.Stream(1)
-	waitUntil(t, "the producer's lease to lapse", 10*time.Second, func() bool { return !b.leased(context.Background(), key) })
+	key, strB := orphanOn(t, a, b, str)
 	before, _, _ := b.streams.get(key)
 	if !b.hasCursor(key, before) {
 		t.Fatal("before the eviction: no cursor found")

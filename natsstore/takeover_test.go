@@ -192,12 +192,7 @@ func TestOrphanEvictedWholeStillWaitsForATakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	produceWithCursor(t, str, 1, 3)
-	key := str.(*stream).key
-	crash(a)
-
-	sb := sessionOn(t, b, "sess")
-	strB, _ := sb.Stream(1)
-	waitUntil(t, "the producer's lease to lapse", 10*time.Second, func() bool { return !b.leased(context.Background(), key) })
+	key, strB := orphanOn(t, a, b, str)
 	before, _, _ := b.streams.get(key)
 	_, r, err := strB.Resume(3, func(policy.StreamView) policy.Resume { return policy.Resume{Kind: policy.Noop, From: 4} })
 	if err != nil {
@@ -358,4 +353,17 @@ func TestTheReplicaCutOffTakesItsOwnStreamBack(t *testing.T) {
 	if _, err := rd.Read(ctx, nil, 1<<20, time.Hour); !errors.Is(err, io.EOF) {
 		t.Fatalf("after Complete: %v, want EOF", err)
 	}
+}
+
+// orphanOn crashes replica a, the producer of str (stream 1 of session
+// "sess"), and waits until b sees the producer's lease lapse: str is an
+// orphan there, for a takeover or the sweeper. It returns str's key and
+// b's handle of it.
+func orphanOn(t *testing.T, a, b *Store, str buffer.Stream) (string, buffer.Stream) {
+	t.Helper()
+	key := str.(*stream).key
+	crash(a)
+	strB, _ := sessionOn(t, b, "sess").Stream(1)
+	waitUntil(t, "the producer's lease to lapse", 10*time.Second, func() bool { return !b.leased(context.Background(), key) })
+	return key, strB
 }
