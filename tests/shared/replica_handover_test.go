@@ -446,7 +446,14 @@ func TestRollingRestartHandsTheStandaloneStreamOverWithoutA409(t *testing.T) {
 	const rounds = 6
 	for i := 0; i < rounds; i++ {
 		from, to := d.replicas[i%2], d.replicas[(i+1)%2]
-		harness.WaitFor(t, 15*time.Second, "the upstream GET to be open", func() bool { return up.Open(cl.SessionID) == 1 })
+		// Says what it saw when it times out: a GET of the replica that
+		// stopped still open (2) or the next one's not open yet (0) (it
+		// timed out once, in a CI run, cause unknown).
+		for deadline := time.Now().Add(15 * time.Second); up.Open(cl.SessionID) != 1; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d (%s to %s): timed out waiting for the upstream GET to be open: %d open", i, from.name, to.name, up.Open(cl.SessionID))
+			}
+		}
 		stopped := make(chan bool, 1)
 		go func() { stopped <- from.Terminate(45 * time.Second) }()
 		for _, ev := range readAll(t.Context(), resp) { // until the drain ends it
