@@ -17,7 +17,7 @@ import (
 
 type heldLease struct {
 	key  string
-	rev  uint64
+	rev  uint64 // 0: not written yet (holdUnwritten, pending.go)
 	val  []byte
 	lost func()      // another replica holds it now
 	keep func() bool // a lease that lapsed is taken again while this holds
@@ -81,8 +81,10 @@ func (st *Store) onLost(key string, lost func()) {
 func (st *Store) leased(ctx context.Context, key string) bool {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, ok := st.leases.confirm(ctx, key, st.opts.LeaseTTL)
-	return ok
+	if _, ok := st.leases.confirm(ctx, key, st.opts.LeaseTTL); ok {
+		return true
+	}
+	return st.heldUnwritten(ctx, key)
 }
 
 // keepLease makes the held lease of key one to take again if it lapses
@@ -116,6 +118,10 @@ func (st *Store) release(key string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if h.rev == 0 {
+		st.clearLeaseLater(ctx, key) // of a stream still live: the others take it over at once
+		return
+	}
 	if err := st.leases.remove(ctx, key, h.rev); err != nil && !isWrongLast(err) {
 		st.fault("lease_release", err)
 	}
@@ -153,6 +159,13 @@ func (st *Store) renewLoop() {
 		}
 		st.held.mu.Unlock()
 		for _, h := range list {
+			st.held.mu.Lock()
+			unwritten := h.rev == 0
+			st.held.mu.Unlock()
+			if unwritten {
+				st.writeHeld(h)
+				continue
+			}
 			sent := time.Now()
 			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
 			st.held.mu.Lock()

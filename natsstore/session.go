@@ -239,14 +239,11 @@ func (s *session) newStream(ids []string, key [32]byte, attach bool) (*stream, *
 		return nil, nil, err
 	}
 	skey := streamKey(s.sh, s.epoch, num)
-	if ok, err := st.acquire(skey, nil); !ok {
-		if err == nil {
-			err = errors.New("natsstore: the new stream's lease is taken")
-		}
-		return nil, nil, err
-	}
+	// The lease is written by the renewals, if the call outlives their
+	// next round (pending.go): a short call writes none.
+	st.holdUnwritten(skey)
 	rec := &streamRecord{Kind: policy.RequestStream, Floor: 1, Key: key[:], Opened: true, Created: time.Now().UnixNano(),
-		Producer: st.opts.ReplicaID}
+		Producer: st.opts.ReplicaID, LeaseLater: true}
 	for _, id := range ids {
 		rec.Requests = append(rec.Requests, policy.RequestView{ID: id})
 	}

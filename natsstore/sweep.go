@@ -35,6 +35,7 @@ func (st *Store) sweepLoop() {
 		}
 		st.tidy(sweeper)
 		now := time.Now()
+		st.unwritten.prune(now.Add(-2 * st.opts.LeaseTTL))
 		if sweeper && (!now.Before(next) || st.scanSoon.Swap(false)) {
 			if took, ok := st.scan(now); ok {
 				// A zone whose scan is long is scanned less often: the
@@ -145,6 +146,11 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 		}
 		if st.evictable(rec, now) >= rec.Floor {
 			st.evict(key, now)
+		}
+		if whole && rec.LeaseLater && rec.Kind == policy.RequestStream {
+			// Its lease unwritten: its wait (pending.go) runs from now,
+			// not from when the lease would have lapsed, below.
+			st.unwritten.since(key, now)
 		}
 		switch {
 		case rec.Kind != policy.RequestStream:
