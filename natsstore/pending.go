@@ -51,6 +51,19 @@ func (st *Store) writeHeld(h *heldLease) {
 	if json.Unmarshal(h.val, &rec) != nil {
 		return
 	}
+	if r, _, ok := st.streams.get(h.key); !ok || r.State != policy.Live {
+		// Ended, or its session gone (clearIncarnation removes the
+		// leases it sees, and this one it could not): nothing to write.
+		st.held.mu.Lock()
+		if st.held.m[h.key] == h {
+			delete(st.held.m, h.key)
+			if h.fence != nil {
+				h.fence.Stop()
+			}
+		}
+		st.held.mu.Unlock()
+		return
+	}
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
 	defer cancel()
@@ -139,7 +152,9 @@ func (u *unwrittenLeases) forget(key string) {
 }
 
 // prune forgets what was last asked about before cutoff (a stream that
-// ended elsewhere, a session forgotten).
+// ended elsewhere, a session forgotten). The sweeper asks once per scan:
+// the cutoff must lie before its previous scan (review 40: pruned between
+// scans, a wait began anew at every scan and never ended).
 func (u *unwrittenLeases) prune(cutoff time.Time) {
 	u.mu.Lock()
 	for k, t := range u.m {
@@ -163,7 +178,10 @@ func (st *Store) heldUnwritten(ctx context.Context, key string) bool {
 		return true
 	}
 	rec, _, ok := st.streams.get(key)
-	if !ok || !rec.LeaseLater || rec.State != policy.Live {
+	if !ok || !rec.LeaseLater || rec.State != policy.Live || st.leases.known(key) {
+		// A lease this replica saw (held, released or lapsed) was
+		// written: a mark still set is one whose clearing was not seen
+		// yet, or failed.
 		st.unwritten.forget(key)
 		return false
 	}

@@ -239,9 +239,6 @@ func (s *session) newStream(ids []string, key [32]byte, attach bool) (*stream, *
 		return nil, nil, err
 	}
 	skey := streamKey(s.sh, s.epoch, num)
-	// The lease is written by the renewals, if the call outlives their
-	// next round (pending.go): a short call writes none.
-	st.holdUnwritten(skey)
 	rec := &streamRecord{Kind: policy.RequestStream, Floor: 1, Key: key[:], Opened: true, Created: time.Now().UnixNano(),
 		Producer: st.opts.ReplicaID, LeaseLater: true}
 	for _, id := range ids {
@@ -251,17 +248,21 @@ func (s *session) newStream(ids []string, key [32]byte, attach bool) (*stream, *
 	var r *reader
 	if attach {
 		if r, err = str.attachTo(rec, 1); err != nil {
-			st.release(skey)
 			s.forget(str)
 			return nil, nil, err
 		}
 	}
 	if _, err := st.streams.create(ctx, skey, rec); err != nil {
-		st.release(skey)
 		s.forget(str)
 		st.fault("new_stream", err)
 		return nil, nil, err
 	}
+	// The lease, held from its record on (marked LeaseLater: no other
+	// replica takes the stream meanwhile), is written by the renewals if
+	// the call outlives their next round (pending.go): a short call
+	// writes none. Held before the record, a round in between would
+	// write it with no record to clear the mark of.
+	st.holdUnwritten(skey)
 	str.fresh.Store(true)
 	st.keepLease(skey, str.producing.Load)
 	if s.gone() {
