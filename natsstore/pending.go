@@ -51,7 +51,19 @@ func (st *Store) writeHeld(h *heldLease) {
 	if json.Unmarshal(h.val, &rec) != nil {
 		return
 	}
-	if r, _, ok := st.streams.get(h.key); !ok || r.State != policy.Live {
+	sent := time.Now()
+	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
+	defer cancel()
+	r, _, ok := st.streams.get(h.key)
+	if !ok {
+		// Not in the mirror: read from KV (a miss is not a deletion
+		// until KV says so; a read that fails is tried next round).
+		var err error
+		if r, _, err = st.streams.lookupErr(ctx, h.key); err != nil && !errors.Is(err, errNotFound) {
+			return
+		}
+	}
+	if r == nil || r.State != policy.Live {
 		// Ended, or its session gone (clearIncarnation removes the
 		// leases it sees, and this one it could not): nothing to write.
 		st.held.mu.Lock()
@@ -64,9 +76,6 @@ func (st *Store) writeHeld(h *heldLease) {
 		st.held.mu.Unlock()
 		return
 	}
-	sent := time.Now()
-	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
-	defer cancel()
 	rev, err := st.leases.createWithTTL(ctx, h.key, &rec, st.opts.LeaseTTL)
 	st.held.mu.Lock()
 	mine := st.held.m[h.key] == h
