@@ -111,12 +111,7 @@ func TestReview40ClientOfAnUnwrittenOrphanWaitsInSilence(t *testing.T) {
 	waitUntil(t, "B to sweep", 10*time.Second, func() bool { return b.sweeps() })
 	c := openAt(t, urls, prodIntervals(ttl))
 	a := openAt(t, urls, func(o *Options) { o.LeaseTTL = time.Hour; o.SweepInterval = 500 * time.Millisecond })
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	claim(t, str)
+	_, str, _ := callOn(t, a)
 	appendEvents(t, str, 1, 2)
 	str.(*stream).currentWriter().waitStored(10 * time.Second)
 	_, _, rc := caughtUpOn(t, c, 2)
@@ -223,26 +218,15 @@ func TestReview40ScanStartBackdatesTheUnwrittenWait(t *testing.T) {
 	a := openAt(t, urls, func(o *Options) { o.LeaseTTL = time.Hour })
 	scanBegan := time.Now()
 	time.Sleep(2500 * time.Millisecond) // the buckets' load
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, str, pa := callOn(t, a)
 	created := time.Now()
-	pa := claim(t, str)
 	produceWithCursor(t, str, 1, 2)
 	key := str.(*stream).key
 	sessionOn(t, b, "sess")
 	waitUntil(t, "B to see the record", 10*time.Second, func() bool { return leaseLater(b, key) })
 	b.sweep(scanBegan, nil) // the scan's sweep, with the scan's now
 	_, stB, _ := caughtUpOn(t, b, 2)
-	var pb buffer.Producer
-	waitUntil(t, "B to take the stream over", 10*time.Second, func() bool {
-		p, _, err := stB.(buffer.Takeover).TakeOver(t.Context())
-		pb = p
-		return err == nil
-	})
-	defer pb.Done()
+	defer takenOver(t, stB).Done()
 	took := time.Since(created)
 	alive := pa.Context().Err() == nil
 	if took < ttl {
@@ -313,12 +297,7 @@ func TestReview40CloseHandsAnUnwrittenCallOverAtOnce(t *testing.T) {
 	const ttl = 30 * time.Second
 	mod := func(o *Options) { o.LeaseTTL = ttl; o.TakeoverWait = time.Hour }
 	a, b := openAt(t, urls, mod), openAt(t, urls, mod)
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pa := claim(t, str)
+	_, str, pa := callOn(t, a)
 	produceWithCursor(t, str, 1, 2)
 	_, stB, rb := caughtUpOn(t, b, 2)
 	go func() { <-pa.Context().Done(); pa.Done() }()

@@ -40,6 +40,34 @@ func writeLeaseNow(t *testing.T, st *Store, key string) {
 	}
 }
 
+// callOn opens session "sess" on st and a call in it (stream 1), and
+// takes its producer role.
+func callOn(t *testing.T, st *Store) (buffer.Session, buffer.Stream, buffer.Producer) {
+	t.Helper()
+	s, err := st.CreateSession("sess", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, err := s.NewStream([]string{"1"}, [32]byte{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, str, claim(t, str)
+}
+
+// takenOver waits (10 s at most) until str's replica takes it over, and
+// returns the new producer role.
+func takenOver(t *testing.T, str buffer.Stream) buffer.Producer {
+	t.Helper()
+	var p buffer.Producer
+	waitUntil(t, "the stream to be taken over", 10*time.Second, func() bool {
+		var err error
+		p, _, err = str.(buffer.Takeover).TakeOver(t.Context())
+		return err == nil
+	})
+	return p
+}
+
 func leaseLater(st *Store, key string) bool {
 	rec, _, ok := st.streams.get(key)
 	return ok && rec.LeaseLater
@@ -51,12 +79,7 @@ func TestALongCallWritesItsLeaseAtTheNextRenewal(t *testing.T) {
 	t.Parallel()
 	urls := []string{testnet.NATS(t).ClientURL()}
 	a := openAt(t, urls, func(o *Options) { o.LeaseTTL = 1500 * time.Millisecond })
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := claim(t, str)
+	_, str, p := callOn(t, a)
 	key := str.(*stream).key
 	opened := time.Now()
 	if !leaseLater(a, key) {
@@ -84,12 +107,7 @@ func TestAProducerDeadBeforeItsLeaseIsTakenOverAfterALeaseTTL(t *testing.T) {
 	b, c := openAt(t, urls, mod), openAt(t, urls, mod)
 	// A renews every hour: it never writes its lease.
 	a := openAt(t, urls, func(o *Options) { o.LeaseTTL = time.Hour; o.TakeoverWait = time.Hour })
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	claim(t, str)
+	_, str, _ := callOn(t, a)
 	produceWithCursor(t, str, 1, 2)
 	key := str.(*stream).key
 	crash(a)
@@ -140,23 +158,12 @@ func TestASlowProducerWhoseStreamWasTakenStops(t *testing.T) {
 	urls := []string{testnet.NATS(t).ClientURL()}
 	a := openAt(t, urls, func(o *Options) { o.LeaseTTL = time.Hour })
 	b := openAt(t, urls, func(o *Options) { o.LeaseTTL = 500 * time.Millisecond })
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pa := claim(t, str)
+	_, str, pa := callOn(t, a)
 	produceWithCursor(t, str, 1, 1)
 	key := str.(*stream).key
 
 	stB, _ := sessionOn(t, b, "sess").Stream(1)
-	var pb buffer.Producer
-	waitUntil(t, "B to take the stream over", 10*time.Second, func() bool {
-		p, _, err := stB.(buffer.Takeover).TakeOver(t.Context())
-		pb = p
-		return err == nil
-	})
-	defer pb.Done()
+	defer takenOver(t, stB).Done()
 	a.held.mu.Lock()
 	h := a.held.m[key]
 	a.held.mu.Unlock()
@@ -182,23 +189,12 @@ func TestAnUnwrittenLeaseGivenUpIsTakenAtOnce(t *testing.T) {
 	urls := []string{testnet.NATS(t).ClientURL()}
 	mod := func(o *Options) { o.LeaseTTL = time.Hour }
 	a, b := openAt(t, urls, mod), openAt(t, urls, mod)
-	sa, _ := a.CreateSession("sess", buffer.SessionMeta{})
-	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pa := claim(t, str)
+	_, str, pa := callOn(t, a)
 	produceWithCursor(t, str, 1, 1)
 	stB, _ := sessionOn(t, b, "sess").Stream(1)
 	if _, _, err := stB.(buffer.Takeover).TakeOver(t.Context()); !errors.Is(err, buffer.ErrProducing) {
 		t.Fatalf("B's takeover while A produces: %v, want ErrProducing", err)
 	}
 	pa.Done() // its upstream response broke off: the stream is live, unproduced
-	var pb buffer.Producer
-	waitUntil(t, "B to take the stream over", 10*time.Second, func() bool {
-		p, _, err := stB.(buffer.Takeover).TakeOver(t.Context())
-		pb = p
-		return err == nil
-	})
-	pb.Done()
+	takenOver(t, stB).Done()
 }
