@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -127,6 +128,23 @@ func (st *Store) release(key string) {
 	}
 }
 
+// releaseHeld gives up the request streams' leases this replica holds in
+// incarnation inc, written or not: its session is gone. (Standalone
+// leases are their holders', released once their GET is closed.)
+func (st *Store) releaseHeld(inc string) {
+	st.held.mu.Lock()
+	var keys []string
+	for k := range st.held.m {
+		if strings.HasPrefix(k, inc+".") && !isStandaloneKey(k) {
+			keys = append(keys, k)
+		}
+	}
+	st.held.mu.Unlock()
+	for _, k := range keys {
+		st.release(k)
+	}
+}
+
 func (hl *heldLeases) releaseAll(st *Store) {
 	hl.mu.Lock()
 	keys := make([]string, 0, len(hl.m))
@@ -219,6 +237,13 @@ func (st *Store) reacquire(h *heldLease) bool {
 	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
 	defer cancel()
 	rev, err := st.leases.create(ctx, h.key, &rec, jetstream.KeyTTL(st.opts.LeaseTTL))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		own, ok := st.ownWrite(ctx, h.key, h.val) // its acknowledgement lost?
+		if !ok {
+			return false
+		}
+		rev, err = own, nil
+	}
 	if err != nil {
 		return false
 	}

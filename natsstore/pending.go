@@ -21,6 +21,7 @@ package natsstore
 // unended) clears the mark, so the others take it over at once.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,6 +78,11 @@ func (st *Store) writeHeld(h *heldLease) {
 		return
 	}
 	rev, err := st.leases.createWithTTL(ctx, h.key, &rec, st.opts.LeaseTTL)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		if own, ok := st.ownWrite(ctx, h.key, h.val); ok {
+			rev, err = own, nil // its own write, whose acknowledgement was lost
+		}
+	}
 	st.held.mu.Lock()
 	mine := st.held.m[h.key] == h
 	switch {
@@ -219,4 +225,21 @@ func (st *Store) heldUnwritten(ctx context.Context, key string) bool {
 		st.leases.apply(key, m.Sequence, m.Data, &lr)
 	}
 	return true
+}
+
+// ownWrite reports whether the lease key holds exactly val, this replica's
+// write (val carries the replica and the time it was held): a create
+// retried after its acknowledgement was lost finds the key taken by
+// itself (review 41: the producer stopped, its call failed). Its revision
+// is returned.
+func (st *Store) ownWrite(ctx context.Context, key string, val []byte) (uint64, bool) {
+	e, err := st.leases.kv.Get(ctx, key)
+	if err != nil || !bytes.Equal(e.Value(), val) {
+		return 0, false
+	}
+	var lr leaseRecord
+	if json.Unmarshal(e.Value(), &lr) == nil {
+		st.leases.apply(key, e.Revision(), e.Value(), &lr)
+	}
+	return e.Revision(), true
 }

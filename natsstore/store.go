@@ -164,7 +164,11 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	created, undo := st.reserved(meta.Origin)
 	failed := func() {
 		undo()
-		if begun {
+		// Not if the session exists now: a concurrent creation of it
+		// here (an adoption's) shares the interest, and it ends with
+		// the session record (review 41: dropped, the winner's handle
+		// heard of no other replica's writes again).
+		if _, _, exists := st.sessions.get(sh); begun && !exists {
 			st.dropInterest(sh)
 		}
 	}
@@ -177,8 +181,8 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	}
 	if _, err := st.sessions.create(ctx, sh, rec); err != nil {
 		st.streams.remove(ctx, skey, 0)
-		failed()
 		if errors.Is(err, jetstream.ErrKeyExists) {
+			undo() // the session exists: the interest in it stays (see failed)
 			return nil, buffer.ErrSessionExists
 		}
 		st.fault("create_session", err)
@@ -456,6 +460,7 @@ func (st *Store) clearIncarnation(ctx context.Context, inc string, keys, leases 
 		st.release(key) // ours: stop renewing
 		st.leases.remove(ctx, key, 0)
 	}
+	st.releaseHeld(inc) // ours the mirror does not hold: unwritten (review 41)
 	st.total.invalidate()
 	st.freed.fire()
 }
@@ -656,7 +661,13 @@ func (st *Store) sessionChanged(sh string, cur *sessionRecord) {
 	}
 	delete(st.handles, sh)
 	st.mu.Unlock()
-	go h.end(buffer.ErrSessionGone) // not under the caller's locks
+	go func() { // not under the caller's locks
+		h.end(buffer.ErrSessionGone)
+		// The request streams' leases this replica holds go with the
+		// incarnation (its producers are stopped): deleted elsewhere, no
+		// one else releases them, and renewed they would live on.
+		st.releaseHeld(h.inc)
+	}()
 }
 
 // streamChanged tells this replica's handle of a stream that its record
