@@ -182,6 +182,34 @@ func (st *Store) interestIn(sh string, load bool) (begun bool) {
 	return true
 }
 
+// loadBegun loads what the buckets hold of session sh into an interest
+// this replica began without loading (a creation that found the session
+// made meanwhile), as interestIn does for a session's first request.
+func (st *Store) loadBegun(sh string) {
+	in := &st.interest
+	in.mu.Lock()
+	s := in.subs[sh]
+	if s == nil {
+		in.mu.Unlock()
+		return
+	}
+	if in.fullReady() {
+		s.unloaded = true // the scan's watches hold it until they stop
+		in.mu.Unlock()
+		return
+	}
+	in.mu.Unlock()
+	ctx, cancel := st.opCtx()
+	err := st.loadInterest(ctx, sh, false)
+	cancel()
+	if err != nil {
+		st.fault("interest", err)
+		in.mu.Lock()
+		s.stale = true
+		in.mu.Unlock()
+	}
+}
+
 // dropInterest ends this replica's interest in the session with token sh
 // (it ended): what the mirrors hold of it goes, unless they hold the zone.
 // It is the sessions mirror's reaction to the session's end, so the

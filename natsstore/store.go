@@ -182,9 +182,16 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	if _, err := st.sessions.create(ctx, sh, rec); err != nil {
 		st.streams.remove(ctx, skey, 0)
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			undo() // the session exists: the interest in it stays (see failed)
+			// The session exists: the interest in it stays (see failed),
+			// loaded as its first request here would have (review 42:
+			// begun unloaded, the session's records stayed unknown here).
+			undo()
+			if begun {
+				st.loadBegun(sh)
+			}
 			return nil, buffer.ErrSessionExists
 		}
+		failed()
 		st.fault("create_session", err)
 		return nil, err
 	}
