@@ -168,15 +168,7 @@ func (st *Store) interestIn(sh string, load bool) (begun bool) {
 		// Nothing of the session was of interest here before: nothing to
 		// prune (and no scan of the mirrors, nor a read of the zone's
 		// mark, on a session's first request to this replica).
-		ctx, cancel := st.opCtx()
-		err = st.loadInterest(ctx, sh, false)
-		cancel()
-		if err != nil {
-			st.fault("interest", err)
-			in.mu.Lock()
-			s.stale = true
-			in.mu.Unlock()
-		}
+		st.loadSub(s, sh)
 	}
 	close(s.ready)
 	return true
@@ -199,14 +191,20 @@ func (st *Store) loadBegun(sh string) {
 		return
 	}
 	in.mu.Unlock()
+	st.loadSub(s, sh)
+}
+
+// loadSub loads what the buckets hold of session sh into its new interest
+// s; one whose load fails is marked to be loaded again.
+func (st *Store) loadSub(s *interestSub, sh string) {
 	ctx, cancel := st.opCtx()
 	err := st.loadInterest(ctx, sh, false)
 	cancel()
 	if err != nil {
 		st.fault("interest", err)
-		in.mu.Lock()
+		st.interest.mu.Lock()
 		s.stale = true
-		in.mu.Unlock()
+		st.interest.mu.Unlock()
 	}
 }
 
