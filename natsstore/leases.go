@@ -184,6 +184,13 @@ func (st *Store) renewLoop() {
 				st.writeHeld(h)
 				continue
 			}
+			if !isStandaloneKey(h.key) && st.leaseUnneeded(h.key) {
+				// Its stream ended or went without the lease going with
+				// it (a takeover racing the session's end): renewed, it
+				// would live as long as this replica (review 42).
+				st.release(h.key)
+				continue
+			}
 			sent := time.Now()
 			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
 			st.held.mu.Lock()
@@ -226,6 +233,14 @@ func (st *Store) renewLoop() {
 		}
 		st.heartbeatReaders()
 	}
+}
+
+// leaseUnneeded reports whether the request stream key is over (streamOver,
+// bounded by a short wait for KV).
+func (st *Store) leaseUnneeded(key string) bool {
+	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
+	defer cancel()
+	return st.streamOver(ctx, key)
 }
 
 // reacquire creates the lapsed lease h again; false if the key exists.

@@ -55,16 +55,7 @@ func (st *Store) writeHeld(h *heldLease) {
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
 	defer cancel()
-	r, _, ok := st.streams.get(h.key)
-	if !ok {
-		// Not in the mirror: read from KV (a miss is not a deletion
-		// until KV says so; a read that fails is tried next round).
-		var err error
-		if r, _, err = st.streams.lookupErr(ctx, h.key); err != nil && !errors.Is(err, errNotFound) {
-			return
-		}
-	}
-	if r == nil || r.State != policy.Live {
+	if st.streamOver(ctx, h.key) {
 		// Ended, or its session gone (clearIncarnation removes the
 		// leases it sees, and this one it could not): nothing to write.
 		st.held.mu.Lock()
@@ -242,4 +233,18 @@ func (st *Store) ownWrite(ctx context.Context, key string, val []byte) (uint64, 
 		st.leases.apply(key, e.Revision(), e.Value(), &lr)
 	}
 	return e.Revision(), true
+}
+
+// streamOver reports whether the request stream key ended, or is gone as
+// KV says (a miss in the mirror is read through; a read that fails is no
+// answer): its lease has nothing left to guard.
+func (st *Store) streamOver(ctx context.Context, key string) bool {
+	r, _, ok := st.streams.get(key)
+	if !ok {
+		var err error
+		if r, _, err = st.streams.lookupErr(ctx, key); err != nil {
+			return errors.Is(err, errNotFound)
+		}
+	}
+	return r.State != policy.Live
 }

@@ -198,3 +198,21 @@ func TestAnUnwrittenLeaseGivenUpIsTakenAtOnce(t *testing.T) {
 	pa.Done() // its upstream response broke off: the stream is live, unproduced
 	takenOver(t, stB).Done()
 }
+
+// A written lease whose stream's record went without it (a takeover
+// racing its session's end, review 42) is not renewed for good: the
+// renewals let it go.
+func TestALeaseOutlivingItsStreamIsLetGo(t *testing.T) {
+	t.Parallel()
+	urls := []string{testnet.NATS(t).ClientURL()}
+	a := openAt(t, urls, func(o *Options) { o.LeaseTTL = 1500 * time.Millisecond })
+	_, str, _ := callOn(t, a)
+	key := str.(*stream).key
+	writeLeaseNow(t, a, key)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := a.streams.remove(ctx, key, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the lease to go", 5*time.Second, func() bool { return !a.holds(key) && !leaseInKV(t, a, key) })
+}
