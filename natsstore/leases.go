@@ -176,62 +176,82 @@ func (st *Store) renewLoop() {
 			list = append(list, h)
 		}
 		st.held.mu.Unlock()
+		// Concurrently, a bounded number at a time: one after another,
+		// a round of many long calls' leases outlasted the slack before
+		// their fences (review 41: 200 calls under load, producers fenced).
+		sem := make(chan struct{}, renewParallel)
+		var wg sync.WaitGroup
 		for _, h := range list {
-			st.held.mu.Lock()
-			unwritten := h.rev == 0
-			st.held.mu.Unlock()
-			if unwritten {
-				st.writeHeld(h)
-				continue
-			}
-			if !isStandaloneKey(h.key) && st.leaseUnneeded(h.key) {
-				// Its stream ended or went without the lease going with
-				// it (a takeover racing the session's end): renewed, it
-				// would live as long as this replica (review 42).
-				st.release(h.key)
-				continue
-			}
-			sent := time.Now()
-			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
-			st.held.mu.Lock()
-			keep := h.keep
-			st.held.mu.Unlock()
-			switch {
-			case err == nil:
-				st.held.mu.Lock()
-				if st.held.m[h.key] == h {
-					h.rev, h.renewed = rev, sent
-					if h.fence != nil {
-						h.fence.Reset(st.fenceAfter() - time.Since(sent))
-					}
-				}
-				st.held.mu.Unlock()
-				var rec leaseRecord
-				json.Unmarshal(h.val, &rec)
-				st.leases.written(h.key, rev, h.val, &rec)
-			case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
-				// A request stream's lease lapsed while NATS was out of
-				// reach; its producer is still here and takes it again
-				// (unless a sweeper failed the stream meanwhile: then its
-				// next publish fails, as the sweeper's end expects).
-			case isWrongLast(err):
-				st.held.mu.Lock()
-				mine := st.held.m[h.key] == h
-				if mine {
-					delete(st.held.m, h.key)
-					if h.fence != nil {
-						h.fence.Stop()
-					}
-				}
-				st.held.mu.Unlock()
-				if mine && h.lost != nil {
-					h.lost()
-				}
-			default:
-				st.fault("lease_renew", err) // the next round tries again
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer func() { <-sem; wg.Done() }()
+				st.renewHeld(h)
+			}()
+		}
+		wg.Wait()
+		st.heartbeatReaders()
+	}
+}
+
+// renewParallel bounds the leases a renewal round writes at once.
+const renewParallel = 16
+
+// renewHeld is the renewal round's work for one held lease: its first
+// write (pending.go), its release if its stream is over, or its renewal.
+func (st *Store) renewHeld(h *heldLease) {
+	st.held.mu.Lock()
+	unwritten := h.rev == 0
+	st.held.mu.Unlock()
+	if unwritten {
+		st.writeHeld(h)
+		return
+	}
+	if !isStandaloneKey(h.key) && st.leaseUnneeded(h.key) {
+		// Its stream ended or went without the lease going with
+		// it (a takeover racing the session's end): renewed, it
+		// would live as long as this replica (review 42).
+		st.release(h.key)
+		return
+	}
+	sent := time.Now()
+	rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
+	st.held.mu.Lock()
+	keep := h.keep
+	st.held.mu.Unlock()
+	switch {
+	case err == nil:
+		st.held.mu.Lock()
+		if st.held.m[h.key] == h {
+			h.rev, h.renewed = rev, sent
+			if h.fence != nil {
+				h.fence.Reset(st.fenceAfter() - time.Since(sent))
 			}
 		}
-		st.heartbeatReaders()
+		st.held.mu.Unlock()
+		var rec leaseRecord
+		json.Unmarshal(h.val, &rec)
+		st.leases.written(h.key, rev, h.val, &rec)
+	case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
+		// A request stream's lease lapsed while NATS was out of
+		// reach; its producer is still here and takes it again
+		// (unless a sweeper failed the stream meanwhile: then its
+		// next publish fails, as the sweeper's end expects).
+	case isWrongLast(err):
+		st.held.mu.Lock()
+		mine := st.held.m[h.key] == h
+		if mine {
+			delete(st.held.m, h.key)
+			if h.fence != nil {
+				h.fence.Stop()
+			}
+		}
+		st.held.mu.Unlock()
+		if mine && h.lost != nil {
+			h.lost()
+		}
+	default:
+		st.fault("lease_renew", err) // the next round tries again
 	}
 }
 
