@@ -184,6 +184,11 @@ func (st *Store) heldUnwritten(ctx context.Context, key string) bool {
 		return true
 	}
 	rec, _, ok := st.streams.get(key)
+	if !ok {
+		// Not in the mirror (not loaded yet here): read through, or a
+		// takeover here would create the lease of a live producer.
+		rec, _, ok = st.streams.lookup(ctx, key)
+	}
 	if !ok || !rec.LeaseLater || rec.State != policy.Live || st.leases.known(key) {
 		// A lease this replica saw (held, released or lapsed) was
 		// written: a mark still set is one whose clearing was not seen
