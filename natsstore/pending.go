@@ -10,10 +10,11 @@ package natsstore
 // that ends before that writes none.
 //
 // A live stream marked LeaseLater and with no lease found counts as held
-// (leased) for a LeaseTTL from when a replica first found it so: a
-// producer that died before writing its lease is judged as one whose lease
-// lapsed, no sooner than a lease written at once would have lapsed, and
-// without trusting another replica's clock to decide it. Whoever then takes
+// (leased) for a LeaseTTL from when a replica first found it so, or until
+// the record is 2 LeaseTTLs old by the replica's clock if that comes
+// first: a producer that died before writing its lease is judged as one
+// whose lease lapsed, no sooner than a lease written at once would have
+// lapsed unless clocks disagree by more than a LeaseTTL. Whoever then takes
 // the stream (a takeover, the sweeper failing it) creates the lease, which
 // excludes the others and the producer, if it was only slow: its write
 // finds the key taken, and it stops. A producer that gives a live stream
@@ -198,7 +199,12 @@ func (st *Store) heldUnwritten(ctx context.Context, key string) bool {
 	}
 	now := time.Now()
 	ttl := st.opts.LeaseTTL
-	if now.Sub(st.unwritten.since(key, now)) < ttl {
+	// Its wait: a LeaseTTL from when this replica first found it so, or
+	// less once the record is 2 LeaseTTLs old by this replica's clock (its
+	// producer writes the lease within a third of one: only clocks a
+	// LeaseTTL apart could take a live one for dead). A client coming
+	// back long after its replica died is not kept waiting a TTL more.
+	if now.Sub(st.unwritten.since(key, now)) < ttl && now.Sub(time.Unix(0, rec.Created)) < 2*ttl {
 		return true
 	}
 	// Its wait is over: unless KV holds a lease this replica's mirror
