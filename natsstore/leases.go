@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,7 +17,7 @@ import (
 
 type heldLease struct {
 	key  string
-	rev  uint64 // 0: not written yet (holdUnwritten, pending.go)
+	rev  uint64
 	val  []byte
 	lost func()      // another replica holds it now
 	keep func() bool // a lease that lapsed is taken again while this holds
@@ -82,10 +81,8 @@ func (st *Store) onLost(key string, lost func()) {
 func (st *Store) leased(ctx context.Context, key string) bool {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, ok := st.leases.confirm(ctx, key, st.opts.LeaseTTL); ok {
-		return true
-	}
-	return st.heldUnwritten(ctx, key)
+	_, ok := st.leases.confirm(ctx, key, st.opts.LeaseTTL)
+	return ok
 }
 
 // keepLease makes the held lease of key one to take again if it lapses
@@ -119,29 +116,8 @@ func (st *Store) release(key string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if h.rev == 0 {
-		st.clearLeaseLater(ctx, key) // of a stream still live: the others take it over at once
-		return
-	}
 	if err := st.leases.remove(ctx, key, h.rev); err != nil && !isWrongLast(err) {
 		st.fault("lease_release", err)
-	}
-}
-
-// releaseHeld gives up the request streams' leases this replica holds in
-// incarnation inc, written or not: its session is gone. (Standalone
-// leases are their holders', released once their GET is closed.)
-func (st *Store) releaseHeld(inc string) {
-	st.held.mu.Lock()
-	var keys []string
-	for k := range st.held.m {
-		if strings.HasPrefix(k, inc+".") && !isStandaloneKey(k) {
-			keys = append(keys, k)
-		}
-	}
-	st.held.mu.Unlock()
-	for _, k := range keys {
-		st.release(k)
 	}
 }
 
@@ -176,91 +152,49 @@ func (st *Store) renewLoop() {
 			list = append(list, h)
 		}
 		st.held.mu.Unlock()
-		// Concurrently, a bounded number at a time: one after another,
-		// a round of many long calls' leases outlasted the slack before
-		// their fences (review 41: 200 calls under load, producers fenced).
-		sem := make(chan struct{}, renewParallel)
-		var wg sync.WaitGroup
 		for _, h := range list {
-			sem <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				st.renewHeld(h)
-			}()
+			sent := time.Now()
+			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
+			st.held.mu.Lock()
+			keep := h.keep
+			st.held.mu.Unlock()
+			switch {
+			case err == nil:
+				st.held.mu.Lock()
+				if st.held.m[h.key] == h {
+					h.rev, h.renewed = rev, sent
+					if h.fence != nil {
+						h.fence.Reset(st.fenceAfter() - time.Since(sent))
+					}
+				}
+				st.held.mu.Unlock()
+				var rec leaseRecord
+				json.Unmarshal(h.val, &rec)
+				st.leases.written(h.key, rev, h.val, &rec)
+			case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
+				// A request stream's lease lapsed while NATS was out of
+				// reach; its producer is still here and takes it again
+				// (unless a sweeper failed the stream meanwhile: then its
+				// next publish fails, as the sweeper's end expects).
+			case isWrongLast(err):
+				st.held.mu.Lock()
+				mine := st.held.m[h.key] == h
+				if mine {
+					delete(st.held.m, h.key)
+					if h.fence != nil {
+						h.fence.Stop()
+					}
+				}
+				st.held.mu.Unlock()
+				if mine && h.lost != nil {
+					h.lost()
+				}
+			default:
+				st.fault("lease_renew", err) // the next round tries again
+			}
 		}
-		wg.Wait()
 		st.heartbeatReaders()
 	}
-}
-
-// renewParallel bounds the leases a renewal round writes at once.
-const renewParallel = 16
-
-// renewHeld is the renewal round's work for one held lease: its first
-// write (pending.go), its release if its stream is over, or its renewal.
-func (st *Store) renewHeld(h *heldLease) {
-	st.held.mu.Lock()
-	unwritten := h.rev == 0
-	st.held.mu.Unlock()
-	if unwritten {
-		st.writeHeld(h)
-		return
-	}
-	if !isStandaloneKey(h.key) && st.leaseUnneeded(h.key) {
-		// Its stream ended or went without the lease going with
-		// it (a takeover racing the session's end): renewed, it
-		// would live as long as this replica (review 42).
-		st.release(h.key)
-		return
-	}
-	sent := time.Now()
-	rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
-	st.held.mu.Lock()
-	keep := h.keep
-	st.held.mu.Unlock()
-	switch {
-	case err == nil:
-		st.held.mu.Lock()
-		if st.held.m[h.key] == h {
-			h.rev, h.renewed = rev, sent
-			if h.fence != nil {
-				h.fence.Reset(st.fenceAfter() - time.Since(sent))
-			}
-		}
-		st.held.mu.Unlock()
-		var rec leaseRecord
-		json.Unmarshal(h.val, &rec)
-		st.leases.written(h.key, rev, h.val, &rec)
-	case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
-		// A request stream's lease lapsed while NATS was out of
-		// reach; its producer is still here and takes it again
-		// (unless a sweeper failed the stream meanwhile: then its
-		// next publish fails, as the sweeper's end expects).
-	case isWrongLast(err):
-		st.held.mu.Lock()
-		mine := st.held.m[h.key] == h
-		if mine {
-			delete(st.held.m, h.key)
-			if h.fence != nil {
-				h.fence.Stop()
-			}
-		}
-		st.held.mu.Unlock()
-		if mine && h.lost != nil {
-			h.lost()
-		}
-	default:
-		st.fault("lease_renew", err) // the next round tries again
-	}
-}
-
-// leaseUnneeded reports whether the request stream key is over (streamOver,
-// bounded by a short wait for KV).
-func (st *Store) leaseUnneeded(key string) bool {
-	ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
-	defer cancel()
-	return st.streamOver(ctx, key)
 }
 
 // reacquire creates the lapsed lease h again; false if the key exists.
@@ -272,13 +206,6 @@ func (st *Store) reacquire(h *heldLease) bool {
 	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
 	defer cancel()
 	rev, err := st.leases.create(ctx, h.key, &rec, jetstream.KeyTTL(st.opts.LeaseTTL))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		own, ok := st.ownWrite(ctx, h.key, h.val) // its acknowledgement lost?
-		if !ok {
-			return false
-		}
-		rev, err = own, nil
-	}
 	if err != nil {
 		return false
 	}

@@ -792,13 +792,6 @@ func (m *mirror[T]) unreleased(key string) *T {
 	return nil
 }
 
-// known reports whether the mirror holds key, present or deleted.
-func (m *mirror[T]) known(key string) bool {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	return m.entries[key] != nil
-}
-
 func (m *mirror[T]) revOf(key string) uint64 {
 	m.mu.RLock()
 	defer m.mu.RUnlock()

@@ -62,7 +62,6 @@ type Store struct {
 	unstored atomic.Int64 // bytes appended here and not yet stored
 
 	held      heldLeases
-	unwritten unwrittenLeases // others' request streams found with no lease written (pending.go)
 	sweeper   sweeperLease
 	scans     atomic.Int64         // scans this replica finished (sweep.go)
 	scanSoon  atomic.Bool          // the zone changed wholesale: the sweeper scans at its next tick

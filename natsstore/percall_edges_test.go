@@ -280,10 +280,9 @@ func TestPerCallEdgeSweeperNotFencedByACompletionWithoutMarker(t *testing.T) {
 	key := streamKey(sa.(*session).sh, sa.(*session).epoch, 1)
 	sessionOn(t, b, "cut")
 	waitUntil(t, "B to see the stream", 10*time.Second, func() bool { _, _, ok := b.streams.get(key); return ok })
-	// The lease, written, lapses (as a TTL expiry would) while A lives.
+	// The lease lapses (as a TTL expiry would) while A lives.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	writeLeaseNow(t, a, key)
 	lapse(t, ctx, a.leases.kv, b, key)
 	done := make(chan struct{})
 	go func() { defer close(done); b.failOrphan(key) }()
@@ -408,9 +407,8 @@ func TestPerCallEdgeCutOffProducerCannotCompleteATakenOverStream(t *testing.T) {
 	waitUntil(t, "B to see the stream", 10*time.Second, func() bool { _, _, ok := b.streams.get(key); return ok })
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// A's lease, written, lapses unseen by A (its watch would tell it:
-	// the purge is made as a TTL expiry would look to B).
-	writeLeaseNow(t, a, key)
+	// A's lease lapses unseen by A (its watch would tell it: the purge
+	// is made as a TTL expiry would look to B).
 	lapse(t, ctx, a.leases.kv, b, key)
 	stB, _ := sb.Stream(1)
 	pb, _, err := stB.(buffer.Takeover).TakeOver(ctx)

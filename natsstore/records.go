@@ -110,11 +110,8 @@ type streamRecord struct {
 	Opened     bool                 `json:"opened,omitempty"`      // a client or producer used it (request streams: always)
 	Purged     bool                 `json:"purged,omitempty"`      // ended, and nothing of it is stored any more (not even its end marker)
 	Producer   string               `json:"producer,omitempty"`    // a request stream's: the replica that opened it or last took it over
-	// LeaseLater: its producer holds its lease unwritten (pending.go);
-	// cleared once the lease is written, or given up.
-	LeaseLater bool  `json:"lease_later,omitempty"`
-	Created    int64 `json:"created"`
-	Ended      int64 `json:"ended,omitempty"`
+	Created    int64                `json:"created"`
+	Ended      int64                `json:"ended,omitempty"`
 	// Tail is what eviction kept of a live request stream's last events
 	// (their upstream IDs and sums, tail.go): for a takeover's repeat filter.
 	Tail []tailEntry `json:"tail,omitempty"`

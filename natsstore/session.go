@@ -239,8 +239,14 @@ func (s *session) newStream(ids []string, key [32]byte, attach bool) (*stream, *
 		return nil, nil, err
 	}
 	skey := streamKey(s.sh, s.epoch, num)
+	if ok, err := st.acquire(skey, nil); !ok {
+		if err == nil {
+			err = errors.New("natsstore: the new stream's lease is taken")
+		}
+		return nil, nil, err
+	}
 	rec := &streamRecord{Kind: policy.RequestStream, Floor: 1, Key: key[:], Opened: true, Created: time.Now().UnixNano(),
-		Producer: st.opts.ReplicaID, LeaseLater: true}
+		Producer: st.opts.ReplicaID}
 	for _, id := range ids {
 		rec.Requests = append(rec.Requests, policy.RequestView{ID: id})
 	}
@@ -248,21 +254,17 @@ func (s *session) newStream(ids []string, key [32]byte, attach bool) (*stream, *
 	var r *reader
 	if attach {
 		if r, err = str.attachTo(rec, 1); err != nil {
+			st.release(skey)
 			s.forget(str)
 			return nil, nil, err
 		}
 	}
 	if _, err := st.streams.create(ctx, skey, rec); err != nil {
+		st.release(skey)
 		s.forget(str)
 		st.fault("new_stream", err)
 		return nil, nil, err
 	}
-	// The lease, held from its record on (marked LeaseLater: no other
-	// replica takes the stream meanwhile), is written by the renewals if
-	// the call outlives their next round (pending.go): a short call
-	// writes none. Held before the record, a round in between would
-	// write it with no record to clear the mark of.
-	st.holdUnwritten(skey)
 	str.fresh.Store(true)
 	st.keepLease(skey, str.producing.Load)
 	if s.gone() {

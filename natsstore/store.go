@@ -164,11 +164,7 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	created, undo := st.reserved(meta.Origin)
 	failed := func() {
 		undo()
-		// Not if the session exists now: a concurrent creation of it
-		// here (an adoption's) shares the interest, and it ends with
-		// the session record (review 41: dropped, the winner's handle
-		// heard of no other replica's writes again).
-		if _, _, exists := st.sessions.get(sh); begun && !exists {
+		if begun {
 			st.dropInterest(sh)
 		}
 	}
@@ -181,17 +177,10 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	}
 	if _, err := st.sessions.create(ctx, sh, rec); err != nil {
 		st.streams.remove(ctx, skey, 0)
+		failed()
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			// The session exists: the interest in it stays (see failed),
-			// loaded as its first request here would have (review 42:
-			// begun unloaded, the session's records stayed unknown here).
-			undo()
-			if begun {
-				st.loadBegun(sh)
-			}
 			return nil, buffer.ErrSessionExists
 		}
-		failed()
 		st.fault("create_session", err)
 		return nil, err
 	}
@@ -467,7 +456,6 @@ func (st *Store) clearIncarnation(ctx context.Context, inc string, keys, leases 
 		st.release(key) // ours: stop renewing
 		st.leases.remove(ctx, key, 0)
 	}
-	st.releaseHeld(inc) // ours the mirror does not hold: unwritten (review 41)
 	st.total.invalidate()
 	st.freed.fire()
 }
@@ -668,13 +656,7 @@ func (st *Store) sessionChanged(sh string, cur *sessionRecord) {
 	}
 	delete(st.handles, sh)
 	st.mu.Unlock()
-	go func() { // not under the caller's locks
-		h.end(buffer.ErrSessionGone)
-		// The request streams' leases this replica holds go with the
-		// incarnation (its producers are stopped): deleted elsewhere, no
-		// one else releases them, and renewed they would live on.
-		st.releaseHeld(h.inc)
-	}()
+	go h.end(buffer.ErrSessionGone) // not under the caller's locks
 }
 
 // streamChanged tells this replica's handle of a stream that its record

@@ -35,9 +35,6 @@ func (st *Store) sweepLoop() {
 		}
 		st.tidy(sweeper)
 		now := time.Now()
-		// Scans come at most 6 scan intervals apart, plus the time a
-		// scan takes (its loads are bounded by 30 s each).
-		st.unwritten.prune(now.Add(-max(2*st.opts.LeaseTTL, 6*st.opts.ScanInterval+2*time.Minute)))
 		if sweeper && (!now.Before(next) || st.scanSoon.Swap(false)) {
 			if took, ok := st.scan(now); ok {
 				// A zone whose scan is long is scanned less often: the
@@ -148,13 +145,6 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 		}
 		if st.evictable(rec, now) >= rec.Floor {
 			st.evict(key, now)
-		}
-		if whole && rec.LeaseLater && rec.Kind == policy.RequestStream && rec.State == policy.Live {
-			// Its lease unwritten: its wait (pending.go) runs from now,
-			// not from when the lease would have lapsed, below. Now, not
-			// the scan's start: a stream made while the scan loaded the
-			// buckets was not waited for since then (review 40).
-			st.unwritten.since(key, time.Now())
 		}
 		switch {
 		case rec.Kind != policy.RequestStream:

@@ -119,7 +119,7 @@ func (s *stream) recordTakeover(upTo uint64) (previous string, err error) {
 		for id, seq := range answered {
 			r.answer(id, seq)
 		}
-		r.Producer, r.LeaseLater = st.opts.ReplicaID, false
+		r.Producer = st.opts.ReplicaID
 		return nil
 	})
 	if errors.Is(err, errNotFound) {
@@ -190,11 +190,6 @@ func (s *stream) TakeOver(ctx context.Context) (buffer.Producer, buffer.Successi
 	}
 	if st.holds(s.key) {
 		return nil, buffer.Succession{}, buffer.ErrProducing // this replica's producer has not let go
-	}
-	if st.leased(ctx, s.key) {
-		// Another replica's, written or not yet (pending.go): creating
-		// the lease would succeed while an unwritten one is held.
-		return nil, buffer.Succession{}, buffer.ErrProducing
 	}
 	p, err := st.local.take(ctx, s.sess.ctx, s.key)
 	if err != nil {
