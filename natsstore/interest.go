@@ -168,18 +168,44 @@ func (st *Store) interestIn(sh string, load bool) (begun bool) {
 		// Nothing of the session was of interest here before: nothing to
 		// prune (and no scan of the mirrors, nor a read of the zone's
 		// mark, on a session's first request to this replica).
-		ctx, cancel := st.opCtx()
-		err = st.loadInterest(ctx, sh, false)
-		cancel()
-		if err != nil {
-			st.fault("interest", err)
-			in.mu.Lock()
-			s.stale = true
-			in.mu.Unlock()
-		}
+		st.loadSub(s, sh)
 	}
 	close(s.ready)
 	return true
+}
+
+// loadBegun loads what the buckets hold of session sh into an interest
+// this replica began without loading (a creation that found the session
+// made meanwhile), as interestIn does for a session's first request.
+func (st *Store) loadBegun(sh string) {
+	in := &st.interest
+	in.mu.Lock()
+	s := in.subs[sh]
+	if s == nil {
+		in.mu.Unlock()
+		return
+	}
+	if in.fullReady() {
+		s.unloaded = true // the scan's watches hold it until they stop
+		in.mu.Unlock()
+		return
+	}
+	in.mu.Unlock()
+	st.loadSub(s, sh)
+}
+
+// loadSub loads what the buckets hold of session sh into its new interest
+// s; one whose load fails is marked to be loaded again.
+func (st *Store) loadSub(s *interestSub, sh string) {
+	ctx, cancel := st.opCtx()
+	err := st.loadInterest(ctx, sh, false)
+	cancel()
+	if err != nil {
+		st.fault("interest", err)
+		st.interest.mu.Lock()
+		s.stale = true
+		st.interest.mu.Unlock()
+	}
 }
 
 // dropInterest ends this replica's interest in the session with token sh

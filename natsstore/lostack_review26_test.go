@@ -18,14 +18,17 @@ import (
 // forwards the first client message containing trigger to the server and
 // then drops everything the server sends back on that connection and cuts
 // it: the write is stored, its acknowledgement is lost (a network blip at
-// the wrong moment). Later connections pass untouched.
+// the wrong moment). Later connections pass untouched. With dropWrite set
+// before it is armed, the message is not forwarded at all: a write lost
+// with its connection.
 type ackCutter struct {
-	ln      net.Listener
-	target  string
-	trigger atomic.Pointer[[][]byte]
-	fired   atomic.Bool
-	mu      sync.Mutex
-	conns   []net.Conn
+	ln        net.Listener
+	target    string
+	dropWrite bool
+	trigger   atomic.Pointer[[][]byte]
+	fired     atomic.Bool
+	mu        sync.Mutex
+	conns     []net.Conn
 }
 
 func newAckCutter(t *testing.T, target string) *ackCutter {
@@ -108,6 +111,11 @@ func (r *ackCutter) serve() {
 					if tr := r.trigger.Load(); tr != nil && !r.fired.Load() {
 						look := append(tail, chunk...)
 						if containsAll(look, *tr) && r.fired.CompareAndSwap(false, true) {
+							if r.dropWrite {
+								c.Close()
+								up.Close()
+								return
+							}
 							mute.Store(true) // nothing more reaches the client: the ack is lost
 							up.Write(chunk)
 							go func() {

@@ -177,10 +177,20 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 	}
 	if _, err := st.sessions.create(ctx, sh, rec); err != nil {
 		st.streams.remove(ctx, skey, 0)
-		failed()
 		if errors.Is(err, jetstream.ErrKeyExists) {
+			// The session exists: a concurrent creation of it here (two
+			// requests adopting it at once) shares the interest, which
+			// ends with the session record; dropped, the winner's handle
+			// heard of no other replica's writes again (review 41). Begun
+			// here, it is loaded as the session's first request would
+			// (review 42).
+			undo()
+			if begun {
+				st.loadBegun(sh)
+			}
 			return nil, buffer.ErrSessionExists
 		}
+		failed()
 		st.fault("create_session", err)
 		return nil, err
 	}
