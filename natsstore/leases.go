@@ -1,6 +1,7 @@
 package natsstore
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 // A lease says which replica does something only one may do: produce a
@@ -39,15 +42,19 @@ func (st *Store) acquire(key string, lost func()) (bool, error) {
 	rec := &leaseRecord{Replica: st.opts.ReplicaID, Since: sent.UnixNano()}
 	ctx, cancel := context.WithTimeout(st.ctx, 10*time.Second)
 	defer cancel()
+	b, _ := json.Marshal(rec)
 	rev, err := st.leases.createWithTTL(ctx, key, rec, st.opts.LeaseTTL)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		return false, nil
+		own, ok := st.ownWrite(ctx, key, b) // its acknowledgement lost?
+		if !ok {
+			return false, nil
+		}
+		rev, err = own, nil
 	}
 	if err != nil {
 		st.fault("lease", err)
 		return false, err
 	}
-	b, _ := json.Marshal(rec)
 	st.held.mu.Lock()
 	st.held.m[key] = &heldLease{key: key, rev: rev, val: b, lost: lost, renewed: sent}
 	st.held.mu.Unlock()
@@ -153,11 +160,22 @@ func (st *Store) renewLoop() {
 		}
 		st.held.mu.Unlock()
 		for _, h := range list {
-			sent := time.Now()
-			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
 			st.held.mu.Lock()
 			keep := h.keep
 			st.held.mu.Unlock()
+			// keep is set once the request stream's record is written
+			// (NewStream, a takeover): before, a record not found is one
+			// not made yet.
+			if keep != nil && st.leaseUnneeded(h.key) {
+				// Its stream ended or went without the lease going with
+				// it (a takeover racing the session's end, or the session
+				// deleted where this lease was not seen): renewed, it
+				// would live as long as this replica (review 42).
+				st.release(h.key)
+				continue
+			}
+			sent := time.Now()
+			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
 			switch {
 			case err == nil:
 				st.held.mu.Lock()
@@ -197,6 +215,22 @@ func (st *Store) renewLoop() {
 	}
 }
 
+// leaseUnneeded reports whether the request stream key ended, or is gone
+// as KV says (a miss in the mirror is read through, bounded by a short
+// wait; a read that fails is no answer): its lease guards nothing.
+func (st *Store) leaseUnneeded(key string) bool {
+	r, _, ok := st.streams.get(key)
+	if !ok {
+		ctx, cancel := context.WithTimeout(st.ctx, 2*time.Second)
+		defer cancel()
+		var err error
+		if r, _, err = st.streams.lookupErr(ctx, key); err != nil {
+			return errors.Is(err, errNotFound)
+		}
+	}
+	return r.State != policy.Live
+}
+
 // reacquire creates the lapsed lease h again; false if the key exists.
 func (st *Store) reacquire(h *heldLease) bool {
 	var rec leaseRecord
@@ -206,6 +240,13 @@ func (st *Store) reacquire(h *heldLease) bool {
 	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
 	defer cancel()
 	rev, err := st.leases.create(ctx, h.key, &rec, jetstream.KeyTTL(st.opts.LeaseTTL))
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		own, ok := st.ownWrite(ctx, h.key, h.val) // its acknowledgement lost?
+		if !ok {
+			return false
+		}
+		rev, err = own, nil
+	}
 	if err != nil {
 		return false
 	}
@@ -215,6 +256,23 @@ func (st *Store) reacquire(h *heldLease) bool {
 	}
 	st.held.mu.Unlock()
 	return true
+}
+
+// ownWrite reports whether the lease key holds exactly val, this replica's
+// write (val carries the replica and the time it was taken): a create
+// retried after its acknowledgement was lost finds the key taken by
+// itself, and would stop a healthy producer or refuse its call (review
+// 41). Its revision is returned.
+func (st *Store) ownWrite(ctx context.Context, key string, val []byte) (uint64, bool) {
+	e, err := st.leases.kv.Get(ctx, key)
+	if err != nil || !bytes.Equal(e.Value(), val) {
+		return 0, false
+	}
+	var lr leaseRecord
+	if json.Unmarshal(e.Value(), &lr) == nil {
+		st.leases.apply(key, e.Revision(), e.Value(), &lr)
+	}
+	return e.Revision(), true
 }
 
 // heartbeatReaders refreshes this replica's reader entries, so no replica
