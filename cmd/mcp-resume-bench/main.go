@@ -21,7 +21,9 @@
 // -cpuprofile profiles the proxy's process in an extra, unmeasured pass of
 // one setup's workloads (-profile-setup: every throughput configuration,
 // the largest replay) and puts its top entries in the report, beside those
-// of -base-profile (the same pass on another build) if given.
+// of -base-profile (the same pass on another build) if given; -memprofile
+// adds the allocations of that pass (go tool pprof -sample_index=alloc_objects
+// -diff_base X.base X).
 package main
 
 import (
@@ -32,6 +34,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
 	"slices"
@@ -51,6 +54,7 @@ type config struct {
 	sizes, streams, replay   []int
 	callSessions             []int
 	cpuprofile, profileSetup string
+	memprofile               string
 	baseProfile, baseLabel   string
 	gobench                  bool
 	waitQuiet                time.Duration
@@ -87,6 +91,7 @@ func parseFlags(args []string) (config, error) {
 		"calls":   fs.String("call-sessions", "1,32", "concurrent sessions making short calls (calls phase)"),
 	}
 	fs.StringVar(&c.cpuprofile, "cpuprofile", "", "write a CPU profile of the proxy in an extra pass of one setup's workloads")
+	fs.StringVar(&c.memprofile, "memprofile", "", "with -cpuprofile, also write the allocations made in that pass (pprof -sample_index=alloc_objects)")
 	fs.StringVar(&c.baseProfile, "base-profile", "", "a CPU profile from an earlier build (-cpuprofile there) to show beside this run's")
 	fs.StringVar(&c.baseLabel, "base-label", "baseline", "what -base-profile profiled, for the report")
 	fs.BoolVar(&c.gobench, "gobench", false, "also run the buffer package's micro-benchmarks (go test -bench) for the report")
@@ -452,6 +457,23 @@ func (b *bench) profile() error {
 		return err
 	}
 	defer pprof.StopCPUProfile()
+	if b.cfg.memprofile != "" {
+		// Every allocation sampled, from here on: what the pass allocates
+		// is the profile's difference from the base written now.
+		runtime.MemProfileRate = 1
+		base, err := os.Create(b.cfg.memprofile + ".base")
+		if err != nil {
+			return err
+		}
+		pprof.Lookup("allocs").WriteTo(base, 0)
+		base.Close()
+		defer func() {
+			if f, err := os.Create(b.cfg.memprofile); err == nil {
+				pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
+	}
 	for _, c := range b.cfg.tpConfigs() {
 		if !b.cfg.phases["throughput"] {
 			break
