@@ -1,7 +1,6 @@
 package natsstore
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,19 +41,15 @@ func (st *Store) acquire(key string, lost func()) (bool, error) {
 	rec := &leaseRecord{Replica: st.opts.ReplicaID, Since: sent.UnixNano()}
 	ctx, cancel := context.WithTimeout(st.ctx, 10*time.Second)
 	defer cancel()
-	b, _ := json.Marshal(rec)
 	rev, err := st.leases.createWithTTL(ctx, key, rec, st.opts.LeaseTTL)
 	if errors.Is(err, jetstream.ErrKeyExists) {
-		own, ok := st.ownWrite(ctx, key, b) // its acknowledgement lost?
-		if !ok {
-			return false, nil
-		}
-		rev, err = own, nil
+		return false, nil
 	}
 	if err != nil {
 		st.fault("lease", err)
 		return false, err
 	}
+	b, _ := json.Marshal(rec)
 	st.held.mu.Lock()
 	st.held.m[key] = &heldLease{key: key, rev: rev, val: b, lost: lost, renewed: sent}
 	st.held.mu.Unlock()
@@ -145,7 +140,8 @@ func (hl *heldLeases) releaseAll(st *Store) {
 // background loop (buffer's sweepLoop too), each on its own context.
 func (st *Store) renewLoop() {
 	defer st.wg.Done()
-	t := time.NewTicker(st.opts.LeaseTTL / 3)
+	round := st.opts.LeaseTTL / 3
+	t := time.NewTimer(round)
 	defer t.Stop()
 	for {
 		select {
@@ -153,6 +149,12 @@ func (st *Store) renewLoop() {
 			return
 		case <-t.C:
 		}
+		// A renewal that failed is tried again soon, not a round later:
+		// the fence stops its producer two rounds after the last write
+		// acknowledged, so a round lost to a blip (an acknowledgement
+		// lost with its connection) leaves only the next round's renewal
+		// to beat it, at the very moment it fires (review 43).
+		next := round
 		st.held.mu.Lock()
 		list := make([]*heldLease, 0, len(st.held.m))
 		for _, h := range st.held.m {
@@ -178,17 +180,11 @@ func (st *Store) renewLoop() {
 			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
 			switch {
 			case err == nil:
-				st.held.mu.Lock()
-				if st.held.m[h.key] == h {
-					h.rev, h.renewed = rev, sent
-					if h.fence != nil {
-						h.fence.Reset(st.fenceAfter() - time.Since(sent))
-					}
-				}
-				st.held.mu.Unlock()
-				var rec leaseRecord
-				json.Unmarshal(h.val, &rec)
-				st.leases.written(h.key, rev, h.val, &rec)
+				st.renewed(h, rev, sent)
+			case isWrongLast(err) && st.stillOwn(h):
+				// Its last write was stored, its acknowledgement lost: the
+				// key holds exactly this replica's value (review 43: the
+				// standalone stream's producer was stopped too).
 			case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
 				// A request stream's lease lapsed while NATS was out of
 				// reach; its producer is still here and takes it again
@@ -208,10 +204,12 @@ func (st *Store) renewLoop() {
 					h.lost()
 				}
 			default:
-				st.fault("lease_renew", err) // the next round tries again
+				st.fault("lease_renew", err)
+				next = min(round, max(st.opts.LeaseTTL/15, 100*time.Millisecond))
 			}
 		}
 		st.heartbeatReaders()
+		t.Reset(next)
 	}
 }
 
@@ -239,40 +237,73 @@ func (st *Store) reacquire(h *heldLease) bool {
 	}
 	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
 	defer cancel()
+	sent := time.Now()
 	rev, err := st.leases.create(ctx, h.key, &rec, jetstream.KeyTTL(st.opts.LeaseTTL))
-	if errors.Is(err, jetstream.ErrKeyExists) {
-		own, ok := st.ownWrite(ctx, h.key, h.val) // its acknowledgement lost?
-		if !ok {
-			return false
-		}
-		rev, err = own, nil
-	}
 	if err != nil {
 		return false
 	}
+	st.renewed(h, rev, sent)
+	return true
+}
+
+// renewed records that the held lease h was written at rev with a TTL
+// that runs from no earlier than sent: its fence counts from then.
+func (st *Store) renewed(h *heldLease, rev uint64, sent time.Time) {
 	st.held.mu.Lock()
 	if st.held.m[h.key] == h {
-		h.rev = rev
+		h.rev, h.renewed = rev, sent
+		if h.fence != nil {
+			h.fence.Reset(st.fenceAfter() - time.Since(sent))
+		}
 	}
 	st.held.mu.Unlock()
+	var rec leaseRecord
+	json.Unmarshal(h.val, &rec)
+	st.leases.written(h.key, rev, h.val, &rec)
+}
+
+// stillOwn reports whether the held lease h, whose renewal found the key
+// moved on, still holds exactly this replica's value: a write of its own
+// whose acknowledgement was lost (review 41), and no one else's. It is
+// renewed at once, so its fence counts from a known time (review 43: the
+// lost write's TTL began at an unknown one, and the fence, left at the
+// last acknowledged renewal, stopped a healthy producer).
+func (st *Store) stillOwn(h *heldLease) bool {
+	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
+	defer cancel()
+	own, ok := st.ownWrite(ctx, h.key, h.val)
+	if !ok {
+		return false
+	}
+	sent := time.Now()
+	rev, err := st.renew(st.names.leases, h.key, h.val, own, st.opts.LeaseTTL)
+	if err != nil {
+		// Held still, by the revision found; its fence counts on from the
+		// last known write, and the next round tries again.
+		st.held.mu.Lock()
+		if st.held.m[h.key] == h {
+			h.rev = own
+		}
+		st.held.mu.Unlock()
+		return true
+	}
+	st.renewed(h, rev, sent)
 	return true
 }
 
 // ownWrite reports whether the lease key holds exactly val, this replica's
-// write (val carries the replica and the time it was taken): a create
-// retried after its acknowledgement was lost finds the key taken by
-// itself, and would stop a healthy producer or refuse its call (review
-// 41). Its revision is returned.
+// write (val carries the replica and the time it was taken), and applies
+// it; its revision is returned.
 func (st *Store) ownWrite(ctx context.Context, key string, val []byte) (uint64, bool) {
-	e, err := st.leases.kv.Get(ctx, key)
-	if err != nil || !bytes.Equal(e.Value(), val) {
+	rev, ok := st.leases.holds(ctx, key, val)
+	if !ok {
 		return 0, false
 	}
 	var lr leaseRecord
-	if json.Unmarshal(e.Value(), &lr) == nil {
-		st.leases.apply(key, e.Revision(), e.Value(), &lr)
+	if json.Unmarshal(val, &lr) == nil {
+		st.leases.apply(key, rev, val, &lr)
 	}
-	return e.Revision(), true
+	return rev, true
 }
 
 // heartbeatReaders refreshes this replica's reader entries, so no replica
@@ -296,7 +327,9 @@ func (st *Store) heartbeatReaders() {
 // renew rewrites a lease key at rev with a fresh TTL. kv.Update would drop
 // the per-key TTL, so this publishes to the bucket's subject directly.
 func (st *Store) renew(bucket, key string, val []byte, rev uint64, ttl time.Duration) (uint64, error) {
-	ctx, cancel := context.WithTimeout(st.ctx, 5*time.Second)
+	// Bounded well within a round: a write whose acknowledgement is lost
+	// is never answered, and the renewal is tried again soon (renewLoop).
+	ctx, cancel := context.WithTimeout(st.ctx, min(5*time.Second, max(time.Second, ttl/6)))
 	defer cancel()
 	ack, err := st.js.Publish(ctx, "$KV."+bucket+"."+key, val,
 		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))

@@ -21,7 +21,7 @@ import (
 // lease's create is tried again).
 func TestReview41ALeaseRenewalWhoseAckIsLostIsTakenAsOwn(t *testing.T) {
 	t.Parallel()
-	a, cut := cutLeases(t)
+	a, cut := cutLeasesTTL(t, 6*time.Second)
 	sa, err := a.CreateSession("sess", buffer.SessionMeta{})
 	if err != nil {
 		t.Fatal(err)
@@ -48,17 +48,6 @@ func TestReview41ALeaseRenewalWhoseAckIsLostIsTakenAsOwn(t *testing.T) {
 		return h != nil && h.renewed.After(fired)
 	})
 	appendEvents(t, str, 1, 2)
-}
-
-// cutLeases opens a replica whose NATS connection passes an ackCutter,
-// with a sweeper beside it on a direct connection.
-func cutLeases(t *testing.T) (*Store, *ackCutter) {
-	ns := testnet.NATS(t)
-	mod := func(o *Options) { o.LeaseTTL = 6 * time.Second; o.TakeoverWait = time.Hour }
-	sweeper := openAt(t, []string{ns.ClientURL()}, mod)
-	waitUntil(t, "the sweeper", 10*time.Second, sweeper.sweeps)
-	cut := newAckCutter(t, ns.Addr().String())
-	return openAt(t, []string{"nats://" + cut.addr()}, mod), cut
 }
 
 // A lease whose stream's record went without it (a takeover racing its

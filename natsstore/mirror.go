@@ -605,6 +605,47 @@ func (m *mirror[T]) fetch(ctx context.Context, key string) ([]byte, uint64, erro
 
 // create writes a new key; jetstream.ErrKeyExists if it exists.
 func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	return m.createBy(ctx, key, v, func(ctx context.Context, b []byte) (uint64, error) {
+		if m.write != nil && len(opts) == 0 {
+			// A compare-and-set at revision 0 creates a key never written;
+			// one deleted before is KeyValue.Create's to write.
+			rev, err := m.write(ctx, key, b, 0)
+			if isWrongLast(err) {
+				rev, err = m.kv.Create(ctx, key, b)
+			}
+			return rev, err
+		}
+		return m.kv.Create(ctx, key, b, opts...)
+	})
+}
+
+// createWithTTL is create of a key with a per-key TTL (a lease): by
+// createTTL where set and the key was never written, else KeyValue.Create.
+func (m *mirror[T]) createWithTTL(ctx context.Context, key string, v *T, ttl time.Duration) (uint64, error) {
+	if m.createTTL == nil {
+		return m.create(ctx, key, v, jetstream.KeyTTL(ttl))
+	}
+	return m.createBy(ctx, key, v, func(ctx context.Context, b []byte) (uint64, error) {
+		rev, err := m.createTTL(ctx, key, b, ttl)
+		if isWrongLast(err) {
+			// Written before (a marker, or a holder): KeyValue.Create
+			// tells a deleted key from one that exists.
+			rev, err = m.kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
+		}
+		return rev, err
+	})
+}
+
+// createAttempt bounds one attempt of a create: a write whose
+// acknowledgement is lost with its connection is never answered, and
+// would hold its caller for the whole operation's time (review 43: a new
+// call refused after 10 s). Tried again, a create that finds its own
+// bytes stored is done: nothing else writes exactly those (they carry
+// the writer's time, and its replica or a random epoch).
+const createAttempt = 3 * time.Second
+
+// createBy is create, each attempt made by attempt.
+func (m *mirror[T]) createBy(ctx context.Context, key string, v *T, attempt func(context.Context, []byte) (uint64, error)) (uint64, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return 0, err
@@ -612,22 +653,20 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 	ambiguous := false
 	defer m.settle(key, &ambiguous)
 	for round := 0; ; round++ {
-		var rev uint64
-		var err error
-		if m.write != nil && len(opts) == 0 {
-			// A compare-and-set at revision 0 creates a key never written;
-			// one deleted before is KeyValue.Create's to write.
-			if rev, err = m.write(ctx, key, b, 0); isWrongLast(err) {
-				rev, err = m.kv.Create(ctx, key, b)
-			}
-		} else {
-			rev, err = m.kv.Create(ctx, key, b, opts...)
-		}
+		actx, cancel := context.WithTimeout(ctx, createAttempt)
+		rev, err := attempt(actx, b)
+		cancel()
 		if err == nil {
 			m.written(key, rev, b, v)
 			return rev, nil
 		}
 		if errors.Is(err, jetstream.ErrKeyExists) {
+			if ambiguous {
+				if rev, ok := m.holds(ctx, key, b); ok {
+					m.written(key, rev, b, v) // an earlier attempt's, its acknowledgement lost
+					return rev, nil
+				}
+			}
 			return 0, err
 		}
 		ambiguous = true
@@ -640,40 +679,13 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 	}
 }
 
-// createWithTTL is create of a key with a per-key TTL (a lease): by
-// createTTL where set and the key was never written, else KeyValue.Create.
-func (m *mirror[T]) createWithTTL(ctx context.Context, key string, v *T, ttl time.Duration) (uint64, error) {
-	if m.createTTL == nil {
-		return m.create(ctx, key, v, jetstream.KeyTTL(ttl))
+// holds reports whether KV holds exactly raw at key, and at which revision.
+func (m *mirror[T]) holds(ctx context.Context, key string, raw []byte) (uint64, bool) {
+	e, err := m.kv.Get(ctx, key)
+	if err != nil || !bytes.Equal(e.Value(), raw) {
+		return 0, false
 	}
-	b, err := json.Marshal(v)
-	if err != nil {
-		return 0, err
-	}
-	ambiguous := false
-	defer m.settle(key, &ambiguous)
-	for round := 0; ; round++ {
-		rev, err := m.createTTL(ctx, key, b, ttl)
-		if isWrongLast(err) {
-			// Written before (a marker, or a holder): KeyValue.Create
-			// tells a deleted key from one that exists.
-			rev, err = m.kv.Create(ctx, key, b, jetstream.KeyTTL(ttl))
-		}
-		if err == nil {
-			m.written(key, rev, b, v)
-			return rev, nil
-		}
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			return 0, err
-		}
-		ambiguous = true
-		if !transient(err) || round >= 20 {
-			return 0, err
-		}
-		if !sleepCtx(ctx, backoff(round)) {
-			return 0, ctx.Err()
-		}
-	}
+	return e.Revision(), true
 }
 
 // put writes key whatever it holds.
