@@ -1,10 +1,14 @@
 package natsstore
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
@@ -19,15 +23,7 @@ import (
 func TestReview43LetGoKeepsALiveCallTheMirrorForgot(t *testing.T) {
 	t.Parallel()
 	a := openAt(t, []string{testnet.NATS(t).ClientURL()}, func(o *Options) { o.LeaseTTL = 1500 * time.Millisecond })
-	sa, err := a.CreateSession("sess", buffer.SessionMeta{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	str, err := sa.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := claim(t, str)
+	_, str, p := callOn(t, a)
 	defer p.Done()
 	key := str.(*stream).key
 	for range 6 { // several renewal rounds (every 500 ms)
@@ -88,4 +84,23 @@ func TestReview43LostCreationRacingADeleteKeepsNoInterest(t *testing.T) {
 	if leaked > 0 {
 		t.Errorf("A keeps an interest in %d of %d sessions that no longer exist", leaked, len(ids))
 	}
+}
+
+// A lease whose stream's record went without it (a takeover racing its
+// session's end, review 42; a session deleted where the lease was not
+// seen) is not renewed for good: the renewals let it go.
+func TestALeaseOutlivingItsStreamIsLetGo(t *testing.T) {
+	t.Parallel()
+	a := openAt(t, []string{testnet.NATS(t).ClientURL()}, func(o *Options) { o.LeaseTTL = 1500 * time.Millisecond })
+	_, str, _ := callOn(t, a)
+	key := str.(*stream).key
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := a.streams.remove(ctx, key, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the lease to go", 5*time.Second, func() bool {
+		_, err := a.leases.kv.Get(ctx, key)
+		return !a.holds(key) && errors.Is(err, jetstream.ErrKeyNotFound)
+	})
 }

@@ -69,6 +69,21 @@ func waitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
 	}
 }
 
+// callOn opens session "sess" on st and a call in it, and takes its
+// producer role.
+func callOn(t testing.TB, st *Store) (buffer.Session, buffer.Stream, buffer.Producer) {
+	t.Helper()
+	s, err := st.CreateSession("sess", buffer.SessionMeta{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, err := s.NewStream([]string{"1"}, [32]byte{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, str, claim(t, str)
+}
+
 // claim takes the producer role of str.
 func claim(t testing.TB, str buffer.Stream) buffer.Producer {
 	t.Helper()
