@@ -118,7 +118,17 @@ func (st *Store) release(key string) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := st.leases.remove(ctx, key, h.rev); err != nil && !isWrongLast(err) {
+	err := st.leases.remove(ctx, key, h.rev)
+	if isWrongLast(err) {
+		// Moved on since: by another replica, or by a renewal of this
+		// one's that reached NATS late (sent while cut off, flushed on
+		// reconnection before this), which would keep the lease a TTL
+		// with no one to renew it (review 44).
+		if rev, ok := st.leases.holds(ctx, key, h.val); ok {
+			err = st.leases.remove(ctx, key, rev)
+		}
+	}
+	if err != nil && !isWrongLast(err) {
 		st.fault("lease_release", err)
 	}
 }

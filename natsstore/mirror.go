@@ -636,12 +636,14 @@ func (m *mirror[T]) createWithTTL(ctx context.Context, key string, v *T, ttl tim
 	})
 }
 
-// createAttempt bounds one attempt of a create: a write whose
-// acknowledgement is lost with its connection is never answered, and
-// would hold its caller for the whole operation's time (review 43: a new
-// call refused after 10 s). Tried again, a create that finds its own
-// bytes stored is done: nothing else writes exactly those (they carry
-// the writer's time, and its replica or a random epoch).
+// createAttempt bounds a create's first attempt (each later one is given
+// that much more): a write whose acknowledgement is lost with its
+// connection is never answered, and would hold its caller for the whole
+// operation's time (review 43: a new call refused after 10 s); a slow
+// NATS still has the time it had (review 44: KeyValue.Create over a
+// marker is four round trips). Tried again, a create that finds its own
+// bytes stored is done: nothing else writes exactly those (they carry the
+// writer's time, and its replica or a random epoch).
 const createAttempt = 3 * time.Second
 
 // createBy is create, each attempt made by attempt.
@@ -653,20 +655,28 @@ func (m *mirror[T]) createBy(ctx context.Context, key string, v *T, attempt func
 	ambiguous := false
 	defer m.settle(key, &ambiguous)
 	for round := 0; ; round++ {
-		actx, cancel := context.WithTimeout(ctx, createAttempt)
+		actx, cancel := context.WithTimeout(ctx, createAttempt*time.Duration(round+1))
 		rev, err := attempt(actx, b)
+		cut := actx.Err() != nil
 		cancel()
 		if err == nil {
 			m.written(key, rev, b, v)
 			return rev, nil
 		}
-		if errors.Is(err, jetstream.ErrKeyExists) {
-			if ambiguous {
-				if rev, ok := m.holds(ctx, key, b); ok {
-					m.written(key, rev, b, v) // an earlier attempt's, its acknowledgement lost
-					return rev, nil
-				}
+		if errors.Is(err, jetstream.ErrKeyExists) && (ambiguous || cut) {
+			// An earlier attempt's write, its acknowledgement lost? Or no
+			// key at all: KeyValue.Create cut short in its read of a
+			// deletion's marker says the key exists (review 44).
+			e, gerr := m.kv.Get(ctx, key)
+			switch {
+			case gerr == nil && bytes.Equal(e.Value(), b):
+				m.written(key, e.Revision(), b, v)
+				return e.Revision(), nil
+			case errors.Is(gerr, jetstream.ErrKeyNotFound), errors.Is(gerr, jetstream.ErrKeyDeleted):
+				err = context.DeadlineExceeded // tried again below
 			}
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) {
 			return 0, err
 		}
 		ambiguous = true
