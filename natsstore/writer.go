@@ -344,8 +344,24 @@ func (w *writer) aborted() error {
 }
 
 // emptied reports whether the subject may be empty because every event
-// this writer stored was evicted and purged.
+// this writer stored was evicted and purged. The floor moves in the
+// record before the purge, so KV says so where this replica's mirror
+// lags: a reader on another replica acknowledged everything while this
+// one was cut off (review 45: taken for another writer, the stream
+// failed and its events were lost).
 func (w *writer) emptied() bool {
+	if w.floorPast() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(w.st.ctx, 2*time.Second)
+	defer cancel()
+	_, _, err := w.st.streams.fetch(ctx, w.s.key)
+	return err == nil && w.floorPast()
+}
+
+// floorPast reports whether the stream's floor, as the mirror holds it, is
+// past everything this writer stored.
+func (w *writer) floorPast() bool {
 	rec, ok := w.s.record()
 	w.mu.Lock()
 	defer w.mu.Unlock()
