@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -159,6 +160,7 @@ func (st *Store) renewLoop() {
 			return
 		case <-t.C:
 		}
+		began := time.Now()
 		// A renewal that failed is tried again soon, not a round later:
 		// the fence stops its producer two rounds after the last write
 		// acknowledged, so a round lost to a blip (an acknowledgement
@@ -171,56 +173,84 @@ func (st *Store) renewLoop() {
 			list = append(list, h)
 		}
 		st.held.mu.Unlock()
+		// renewConcurrency at a time: one after another, a round lasts
+		// the held leases times a round trip, and with many calls or a
+		// distant NATS it outlasts the fences' slack.
+		var wg sync.WaitGroup
+		var failed atomic.Bool
+		slots := make(chan struct{}, renewConcurrency)
 		for _, h := range list {
-			st.held.mu.Lock()
-			keep := h.keep
-			st.held.mu.Unlock()
-			// keep is set once the request stream's record is written
-			// (NewStream, a takeover): before, a record not found is one
-			// not made yet.
-			if keep != nil && st.leaseUnneeded(h.key) {
-				// Its stream ended or went without the lease going with
-				// it (a takeover racing the session's end, or the session
-				// deleted where this lease was not seen): renewed, it
-				// would live as long as this replica (review 42).
-				st.release(h.key)
-				continue
-			}
-			sent := time.Now()
-			rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
-			switch {
-			case err == nil:
-				st.renewed(h, rev, sent)
-			case isWrongLast(err) && st.stillOwn(h):
-				// Its last write was stored, its acknowledgement lost: the
-				// key holds exactly this replica's value (review 43: the
-				// standalone stream's producer was stopped too).
-			case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
-				// A request stream's lease lapsed while NATS was out of
-				// reach; its producer is still here and takes it again
-				// (unless a sweeper failed the stream meanwhile: then its
-				// next publish fails, as the sweeper's end expects).
-			case isWrongLast(err):
-				st.held.mu.Lock()
-				mine := st.held.m[h.key] == h
-				if mine {
-					delete(st.held.m, h.key)
-					if h.fence != nil {
-						h.fence.Stop()
-					}
+			slots <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if !st.renewHeld(h) {
+					failed.Store(true)
 				}
-				st.held.mu.Unlock()
-				if mine && h.lost != nil {
-					h.lost()
-				}
-			default:
-				st.fault("lease_renew", err)
-				next = min(round, max(st.opts.LeaseTTL/15, 100*time.Millisecond))
-			}
+				<-slots
+			}()
+		}
+		wg.Wait()
+		if failed.Load() {
+			next = min(round, max(st.opts.LeaseTTL/15, 100*time.Millisecond))
 		}
 		st.heartbeatReaders()
-		t.Reset(next)
+		t.Reset(max(next-time.Since(began), 0)) // every round from its start, as a ticker's
 	}
+}
+
+// renewConcurrency bounds the renewals a round has under way at once.
+const renewConcurrency = 16
+
+// renewHeld renews the held lease h, or lets it go; false if its renewal
+// failed and is to be tried again soon.
+func (st *Store) renewHeld(h *heldLease) bool {
+	st.held.mu.Lock()
+	keep := h.keep
+	st.held.mu.Unlock()
+	// keep is set once the request stream's record is written
+	// (NewStream, a takeover): before, a record not found is one not made
+	// yet.
+	if keep != nil && st.leaseUnneeded(h.key) {
+		// Its stream ended or went without the lease going with it (a
+		// takeover racing the session's end, or the session deleted where
+		// this lease was not seen): renewed, it would live as long as this
+		// replica (review 42).
+		st.release(h.key)
+		return true
+	}
+	sent := time.Now()
+	rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
+	switch {
+	case err == nil:
+		st.renewed(h, rev, sent)
+	case isWrongLast(err) && st.stillOwn(h):
+		// Its last write was stored, its acknowledgement lost: the key
+		// holds exactly this replica's value (review 43: the standalone
+		// stream's producer was stopped too).
+	case isWrongLast(err) && keep != nil && keep() && st.reacquire(h):
+		// A request stream's lease lapsed while NATS was out of reach; its
+		// producer is still here and takes it again (unless a sweeper
+		// failed the stream meanwhile: then its next publish fails, as the
+		// sweeper's end expects).
+	case isWrongLast(err):
+		st.held.mu.Lock()
+		mine := st.held.m[h.key] == h
+		if mine {
+			delete(st.held.m, h.key)
+			if h.fence != nil {
+				h.fence.Stop()
+			}
+		}
+		st.held.mu.Unlock()
+		if mine && h.lost != nil {
+			h.lost()
+		}
+	default:
+		st.fault("lease_renew", err)
+		return false
+	}
+	return true
 }
 
 // leaseUnneeded reports whether the request stream key ended, or is gone
