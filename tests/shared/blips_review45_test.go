@@ -296,27 +296,6 @@ func (bc *blipCall) verdict(n int) (fault, explicit string) {
 	return "", ""
 }
 
-// startLevel is deployment.start with Caddy's log at level.
-func (d *deployment) startLevel(name, store, level string) *replica {
-	t := d.t
-	t.Helper()
-	cfg := mcptest.Config{AdminPort: harness.CaddyPort(t), HTTPPort: harness.CaddyPort(t), HTTPSPort: harness.CaddyPort(t),
-		Grace: "30s", LogLevel: level,
-		Sites: []mcptest.Site{{Port: harness.CaddyPort(t), Body: mcptest.ResumeRoute(d.upstream, store)}}}
-	p, err := mcptest.StartProcess(caddyBin, t.TempDir(), cfg)
-	if err != nil {
-		t.Fatalf("replica %s: %v", name, err)
-	}
-	r := &replica{Process: p, name: name}
-	t.Cleanup(func() {
-		if !r.Exited() {
-			r.Kill()
-		}
-	})
-	r.waitStoreUp(t, 1)
-	return r
-}
-
 // Review 45 (mended; older than this work): one call on A, upstream without event IDs (no takeover can
 // resume it), A healthy and its upstream too; the call's client reads
 // three events (the priming event and progress 1..2) and goes away. A's
@@ -341,8 +320,8 @@ func TestNATSBlipWhileTheClientResumesElsewhere(t *testing.T) {
 			ns := testnet.NATS(t)
 			relay := newBlipRelay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 			d := &deployment{t: t, upstream: harness.StartDemo(t, demoserver.Options{})}
-			a := d.startLevel("r1", storeNATS([]string{"nats://" + relay.addr()}, "takeover_wait 5s"), "INFO")
-			b := d.startLevel("r2", storeNATS(natsURLs(ns), "takeover_wait 5s"), "INFO")
+			a := d.start("r1", storeNATS([]string{"nats://" + relay.addr()}, "takeover_wait 5s"), true)
+			b := d.start("r2", storeNATS(natsURLs(ns), "takeover_wait 5s"), true)
 			const n = 15
 			go func() {
 				time.Sleep(tc.blipAt)
@@ -384,8 +363,8 @@ func TestNATSSlowWhileCallsRun(t *testing.T) {
 	slowStore := func(urls []string) string {
 		return strings.Replace(storeNATS(urls, "takeover_wait 5s"), "lease_ttl 2s", "lease_ttl 6s", 1)
 	}
-	a := d.startLevel("r1", slowStore([]string{"nats://" + relay.addr()}), "INFO")
-	b := d.startLevel("r2", slowStore(natsURLs(ns)), "INFO")
+	a := d.start("r1", slowStore([]string{"nats://" + relay.addr()}), true)
+	b := d.start("r2", slowStore(natsURLs(ns)), true)
 	relay.delay.Store(int64(300 * time.Millisecond))
 	const n = 15
 	var wg sync.WaitGroup
