@@ -199,8 +199,11 @@ func (st *Store) renewLoop() {
 	}
 }
 
-// renewConcurrency bounds the renewals a round has under way at once.
-const renewConcurrency = 16
+// renewConcurrency bounds the renewals a round has under way at once: a
+// round lasts about held leases/renewConcurrency round trips, which must
+// stay well within a third of the TTL (review 46: at 16, some 130 calls on
+// a NATS 600 ms away overran it).
+const renewConcurrency = 128
 
 // renewHeld renews the held lease h, or lets it go; false if its renewal
 // failed and is to be tried again soon.

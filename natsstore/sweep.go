@@ -359,7 +359,9 @@ func (st *Store) failOrphan(key string) {
 	}
 	noAbort := func() error { return nil }
 	if len(b.lens) > 0 {
-		if expect, err = st.storeMsgs(b.msgs(subject, key, st.partRoom), expect, noAbort, nil, nil); err != nil {
+		// IDs of their own: a producer's publish in flight must not be
+		// taken for a duplicate of these (review 46).
+		if expect, err = st.storeMsgs(b.msgs(subject, key+".f", st.partRoom), expect, noAbort, nil, nil); err != nil {
 			return // the producer lives after all, or another sweeper was first
 		}
 		head, off = b.last(), off+int64(len(b.buf))
@@ -375,7 +377,7 @@ func (st *Store) failOrphan(key string) {
 	if !st.endRecord(key, "", policy.Failed, policy.ReasonUpstreamFailed, head, off, expect, answered, counted) {
 		return
 	}
-	st.publishAfter(endMarker(subject, head, off, policy.Failed, policy.ReasonUpstreamFailed, ""), key+".end", expect, noAbort, nil)
+	st.publishAfter(endMarker(subject, head, off, policy.Failed, policy.ReasonUpstreamFailed, ""), key+".f.end", expect, noAbort, nil)
 	if h := st.opts.Hooks.StreamFailed; h != nil {
 		sh, _, _ := strings.Cut(inc, ".")
 		if r, _, ok := st.sessions.get(sh); ok {

@@ -62,6 +62,7 @@ func (s *stream) takeOver(lost func()) (previous string, err error) {
 		}
 		w.mu.Lock()
 		w.lastMsg = seq
+		w.ids = s.key + ".t" + strconv.FormatUint(seq, 10)
 		w.mu.Unlock()
 		st.keepLease(s.key, s.producing.Load)
 		return previous, nil

@@ -56,6 +56,14 @@ type writer struct {
 	syncedAt  time.Time
 	room      signal // a batch was taken or stored, or the writer stopped
 
+	// ids is what its messages' IDs begin with: the stream's key, and
+	// after a takeover the key and the marker's sequence, so no two
+	// producers' messages share an ID in JetStream's duplicate window,
+	// which is checked before the expected last sequence (review 46: a
+	// fenced producer's publish, taken for a duplicate of its taker's,
+	// was "stored", and its next went in after the taker's).
+	ids string
+
 	others othersCache
 	feed   feed // for the local reader (feed.go)
 
@@ -257,7 +265,7 @@ func (w *writer) flush() {
 		fed := false // the local reader holds the batch's bytes: they are not reused
 		// Each message stored moves what is stored: an event in parts is
 		// stored with its last part.
-		_, err := w.st.storeMsgs(b.msgs(w.s.subject, w.s.key, w.st.partRoom), expect, w.aborted, w.emptied,
+		_, err := w.st.storeMsgs(b.msgs(w.s.subject, w.idBase(), w.st.partRoom), expect, w.aborted, w.emptied,
 			func(o *outMsg, seq uint64) {
 				w.mu.Lock()
 				w.lastMsg = seq
@@ -359,13 +367,26 @@ func (w *writer) emptied() bool {
 	return err == nil && w.floorPast()
 }
 
+// idBase returns what the writer's message IDs begin with (see ids).
+func (w *writer) idBase() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ids == "" {
+		return w.s.key
+	}
+	return w.ids
+}
+
 // floorPast reports whether the stream's floor, as the mirror holds it, is
-// past everything this writer stored.
+// past everything this writer stored, while the record names no other
+// producer: a floor moved past the events of a replica that took the
+// stream over says nothing of this writer's (review 46: a fenced producer
+// back from a cut stored from nothing into the taker's stream).
 func (w *writer) floorPast() bool {
 	rec, ok := w.s.record()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return ok && rec.Floor > w.stored
+	return ok && rec.Floor > w.stored && (rec.Producer == "" || rec.Producer == w.st.opts.ReplicaID)
 }
 
 // failLocked makes the writer terminal. Events it assigned and could not
@@ -553,7 +574,7 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 			}
 			return nil
 		}
-		if seq, err := st.publishAfter(msg, s.key+".end", expect, giveUp, w.emptied); err == nil {
+		if seq, err := st.publishAfter(msg, w.idBase()+".end", expect, giveUp, w.emptied); err == nil {
 			w.mu.Lock()
 			w.lastMsg = seq
 			w.mu.Unlock()
