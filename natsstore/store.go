@@ -187,6 +187,11 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 			undo()
 			if begun {
 				st.loadBegun(sh)
+				// Deleted before this interest could hear of it (review
+				// 43's guard, failing under load): nothing would end it.
+				if _, _, err := st.sessions.lookupErr(ctx, sh); errors.Is(err, errNotFound) {
+					st.dropInterest(sh)
+				}
 			}
 			return nil, buffer.ErrSessionExists
 		}
