@@ -19,11 +19,16 @@ import (
 // the key expires and the watches tell every replica.
 
 type heldLease struct {
-	key  string
-	rev  uint64
-	val  []byte
-	lost func()      // another replica holds it now
-	keep func() bool // a lease that lapsed is taken again while this holds
+	// writing is held across each write of the lease, so a renewal and its
+	// release never cross: a renewal in flight when the release read the
+	// key landed after it and kept the lease a TTL with no holder (review
+	// 44's test, failing under the suite's load).
+	writing sync.Mutex
+	key     string
+	rev     uint64
+	val     []byte
+	lost    func()      // another replica holds it now
+	keep    func() bool // a lease that lapsed is taken again while this holds
 	// fence, if set, stops the producer when the lease went unrenewed for
 	// fenceAfter: before it can lapse (producer.go).
 	fence   *time.Timer
@@ -109,14 +114,33 @@ func (st *Store) holds(key string) bool {
 func (st *Store) release(key string) {
 	st.held.mu.Lock()
 	h := st.held.m[key]
-	delete(st.held.m, key)
-	if h != nil && h.fence != nil {
-		h.fence.Stop()
-	}
+	st.unhold(h)
 	st.held.mu.Unlock()
 	if h == nil {
 		return
 	}
+	h.writing.Lock()
+	defer h.writing.Unlock()
+	st.removeLease(h)
+}
+
+// unhold takes h, if still held, out of the held leases; st.held.mu is
+// held.
+func (st *Store) unhold(h *heldLease) bool {
+	if h == nil || st.held.m[h.key] != h {
+		return false
+	}
+	delete(st.held.m, h.key)
+	if h.fence != nil {
+		h.fence.Stop()
+	}
+	return true
+}
+
+// removeLease deletes the lease h, no longer held, from KV; h.writing is
+// held.
+func (st *Store) removeLease(h *heldLease) {
+	key := h.key
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := st.leases.remove(ctx, key, h.rev)
@@ -208,9 +232,26 @@ const renewConcurrency = 128
 // renewHeld renews the held lease h, or lets it go; false if its renewal
 // failed and is to be tried again soon.
 func (st *Store) renewHeld(h *heldLease) bool {
+	h.writing.Lock()
 	st.held.mu.Lock()
+	held := st.held.m[h.key] == h
 	keep := h.keep
 	st.held.mu.Unlock()
+	if !held { // released since the round listed it
+		h.writing.Unlock()
+		return true
+	}
+	lost, ok := st.renewHeldLocked(h, keep)
+	h.writing.Unlock()
+	if lost != nil {
+		lost()
+	}
+	return ok
+}
+
+// renewHeldLocked is renewHeld with h.writing held; it returns the lost
+// callback to call once that is let go (lost may release leases).
+func (st *Store) renewHeldLocked(h *heldLease, keep func() bool) (func(), bool) {
 	// keep is set once the request stream's record is written
 	// (NewStream, a takeover): before, a record not found is one not made
 	// yet.
@@ -219,8 +260,13 @@ func (st *Store) renewHeld(h *heldLease) bool {
 		// takeover racing the session's end, or the session deleted where
 		// this lease was not seen): renewed, it would live as long as this
 		// replica (review 42).
-		st.release(h.key)
-		return true
+		st.held.mu.Lock()
+		mine := st.unhold(h)
+		st.held.mu.Unlock()
+		if mine {
+			st.removeLease(h)
+		}
+		return nil, true
 	}
 	sent := time.Now()
 	rev, err := st.renew(st.names.leases, h.key, h.val, h.rev, st.opts.LeaseTTL)
@@ -238,22 +284,17 @@ func (st *Store) renewHeld(h *heldLease) bool {
 		// sweeper's end expects).
 	case isWrongLast(err):
 		st.held.mu.Lock()
-		mine := st.held.m[h.key] == h
-		if mine {
-			delete(st.held.m, h.key)
-			if h.fence != nil {
-				h.fence.Stop()
-			}
-		}
+		mine := st.unhold(h)
+		lost := h.lost
 		st.held.mu.Unlock()
-		if mine && h.lost != nil {
-			h.lost()
+		if mine {
+			return lost, true
 		}
 	default:
 		st.fault("lease_renew", err)
-		return false
+		return nil, false
 	}
-	return true
+	return nil, true
 }
 
 // leaseUnneeded reports whether the request stream key ended, or is gone

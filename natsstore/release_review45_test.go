@@ -28,7 +28,10 @@ func TestReview45ReleaseLeavesAnotherReplicasLease(t *testing.T) {
 		t.Fatalf("B's acquire after A's lease went: %v %v", ok, err)
 	}
 	b.held.mu.Lock()
-	bh := *b.held.m[key]
+	bh := struct {
+		val []byte
+		rev uint64
+	}{b.held.m[key].val, b.held.m[key].rev}
 	b.held.mu.Unlock()
 	for range 2 { // B renews: its revision moves past anything A saw
 		rev, err := b.renew(b.names.leases, key, bh.val, bh.rev, 30*time.Second)
