@@ -80,11 +80,39 @@ func plainAck(b []byte) (uint64, bool) {
 }
 
 // kvUpdate is KeyValue.Update (compare-and-set at revision rev, 0: the key
-// must not exist) through publish.
-func (st *Store) kvUpdate(ctx context.Context, bucket, key string, value []byte, rev uint64) (uint64, error) {
+// must not exist) through publish, the message tagged tag (if not empty).
+func (st *Store) kvUpdate(ctx context.Context, bucket, key string, value []byte, rev uint64, tag string) (uint64, error) {
 	msg := &nats.Msg{Subject: "$KV." + bucket + "." + key, Data: value, Header: nats.Header{}}
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
+	if tag != "" {
+		msg.Header.Set(hdrWriteTag, tag)
+	}
 	return st.publish(ctx, msg)
+}
+
+// hdrWriteTag names an update's attempt (newWriteTag): KV's readers ignore
+// it; an update whose acknowledgement was lost looks for it (kvLastTag).
+const hdrWriteTag = "Mcp-Resume-Write"
+
+// kvLastTag reads the tag and revision of key's last write (its message in
+// the bucket's stream, a deletion's marker included), by a direct get;
+// "" and 0 if the bucket holds none.
+func (st *Store) kvLastTag(ctx context.Context, bucket, key string) (string, uint64, error) {
+	resp, err := st.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+bucket+".$KV."+bucket+"."+key, nil)
+	if err != nil {
+		return "", 0, err
+	}
+	if status := resp.Header.Get("Status"); len(resp.Data) == 0 && status != "" {
+		if status == "404" {
+			return "", 0, nil
+		}
+		return "", 0, fmt.Errorf("nats: direct get of %s: %s %s", key, status, resp.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(resp.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("nats: direct get of %s: no sequence", key)
+	}
+	return resp.Header.Get(hdrWriteTag), seq, nil
 }
 
 // kvCreateTTL is KeyValue.Create of a key never written (compare-and-set

@@ -730,6 +730,7 @@ func (st *Store) resyncSubject() string { return st.opts.Prefix + ".n._resync" }
 // replica cut off for longer than the idle timeout expired a session
 // another kept touching).
 func (st *Store) disconnected() {
+	st.conn.lost()
 	in := &st.interest
 	in.mu.Lock()
 	for _, s := range in.subs {

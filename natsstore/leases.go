@@ -411,10 +411,12 @@ func (st *Store) heartbeatReaders() {
 // renew rewrites a lease key at rev with a fresh TTL. kv.Update would drop
 // the per-key TTL, so this publishes to the bucket's subject directly.
 func (st *Store) renew(bucket, key string, val []byte, rev uint64, ttl time.Duration) (uint64, error) {
-	// Bounded well within a round: a write whose acknowledgement is lost
-	// is never answered, and the renewal is tried again soon (renewLoop).
+	// Bounded well within a round, and by the connection's life: a write
+	// whose acknowledgement is lost is never answered, and the renewal is
+	// tried again soon (renewLoop).
 	ctx, cancel := context.WithTimeout(st.ctx, min(5*time.Second, max(time.Second, ttl/6)))
 	defer cancel()
+	defer context.AfterFunc(st.conn.ctx(), cancel)()
 	ack, err := st.js.Publish(ctx, "$KV."+bucket+"."+key, val,
 		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
 	if err != nil {

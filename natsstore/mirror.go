@@ -3,10 +3,14 @@ package natsstore
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,8 +30,16 @@ type mirror[T any] struct {
 	// with no mirror lock held and must not block.
 	changed func(key string, cur *T)
 	// write, if set, is the compare-and-set of update (KeyValue.Update
-	// otherwise): the store's, which reads acknowledgements cheaply.
-	write func(ctx context.Context, key string, value []byte, rev uint64) (uint64, error)
+	// otherwise): the store's, which reads acknowledgements cheaply, and
+	// marks the message with tag (if not empty).
+	write func(ctx context.Context, key string, value []byte, rev uint64, tag string) (uint64, error)
+	// lastTag, if set, reads the tag and revision of the key's last write
+	// (tag "" and rev 0: none): with write's tags, an update whose
+	// acknowledgement was lost tells its own write from another's.
+	lastTag func(ctx context.Context, key string) (string, uint64, error)
+	// conn, if set, is done once the connection that writes go by now is
+	// lost: a write's attempt then ends at once (see attempt).
+	conn func() context.Context
 	// createTTL and purge, if set, are createWithTTL's and remove's
 	// writes (KeyValue.Create with a TTL and KeyValue.Purge otherwise),
 	// the store's too.
@@ -516,6 +528,13 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 // updateThen is update, with done run once the write succeeded and
 // before this replica's mirror shows it: what counts the change (eviction)
 // is counted before anyone here can see it happened.
+//
+// An attempt is bounded (updateAttempt, each later one given that much
+// more): a write whose acknowledgement is lost with its connection is
+// never answered, and held its caller the whole of ctx (a call's end seen
+// by its clients 10 s late). Where the store tags its writes, an attempt
+// whose outcome is unknown is looked for before the change is made again:
+// found, it is the write (made again, the change would apply twice).
 func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) error, done func(*T)) (*T, error) {
 	ambiguous := false
 	defer m.settle(key, &ambiguous)
@@ -528,7 +547,31 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		raw, rev, cur = e.raw, e.rev, e.val
 	}
 	m.mu.RUnlock()
+	// unknown is the last attempt, if its outcome is unknown: its value
+	// stays in writing until known, so a watch bringing it back meanwhile
+	// leaves it to done's count (see written).
+	var unknown *unknownWrite[T]
+	defer func() {
+		if unknown != nil {
+			m.doneWriting(key, unknown.val)
+		}
+	}()
 	for round := 0; ; round++ {
+		if unknown != nil {
+			nrev, ok, err := m.stored(ctx, key, unknown.tag)
+			if err != nil {
+				return nil, err
+			}
+			m.doneWriting(key, unknown.val)
+			if ok {
+				if done != nil {
+					done(unknown.val)
+				}
+				m.written(key, nrev, unknown.raw, unknown.val)
+				return unknown.val, nil
+			}
+			unknown = nil
+		}
 		if raw == nil || round > 0 {
 			var err error
 			if raw, rev, err = m.fetch(ctx, key); err != nil {
@@ -562,16 +605,21 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		m.writing[key] = written[T]{b, v, done != nil}
 		m.mu.Unlock()
 		var nrev uint64
+		var tag string
 		if m.write != nil {
-			nrev, err = m.write(ctx, key, b, rev)
+			if m.lastTag != nil {
+				tag = newWriteTag()
+			}
+			nrev, _, err = m.attempt(ctx, updateAttempt*time.Duration(round+1), func(ctx context.Context) (uint64, error) {
+				return m.write(ctx, key, b, rev, tag)
+			})
 		} else {
 			nrev, err = m.kv.Update(ctx, key, b, rev)
 		}
-		m.mu.Lock()
-		if w, ok := m.writing[key]; ok && w.val == v {
-			delete(m.writing, key)
+		lost := tag != "" && err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLast(err)
+		if !lost {
+			m.doneWriting(key, v)
 		}
-		m.mu.Unlock()
 		if err == nil {
 			if done != nil {
 				done(v)
@@ -581,6 +629,9 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		}
 		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLast(err) {
 			ambiguous = true
+			if lost {
+				unknown = &unknownWrite[T]{tag: tag, raw: b, val: v}
+			}
 			if !transient(err) || round >= maxCASRounds {
 				return nil, err
 			}
@@ -589,6 +640,84 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 			}
 		} else if round >= maxCASRounds {
 			return nil, err
+		}
+	}
+}
+
+// doneWriting ends the write of v to key under way.
+func (m *mirror[T]) doneWriting(key string, v *T) {
+	m.mu.Lock()
+	if w, ok := m.writing[key]; ok && w.val == v {
+		delete(m.writing, key)
+	}
+	m.mu.Unlock()
+}
+
+// attempt makes one attempt of a write, cut short after bound or when the
+// connection is lost (conn): what is in flight then is never
+// acknowledged. One cut short (cut, unless ctx itself ended) by the
+// connection's loss fails as one cut by its bound does.
+func (m *mirror[T]) attempt(ctx context.Context, bound time.Duration, write func(context.Context) (uint64, error)) (uint64, bool, error) {
+	actx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	if m.conn != nil {
+		defer context.AfterFunc(m.conn(), cancel)()
+	}
+	rev, err := write(actx)
+	cut := actx.Err() != nil && ctx.Err() == nil
+	if cut && errors.Is(err, context.Canceled) {
+		err = context.DeadlineExceeded
+	}
+	return rev, cut, err
+}
+
+// updateAttempt and removeAttempt bound an update's and a removal's first
+// attempt, as createAttempt does a create's. A removal tried again after
+// one whose outcome is unknown may find the key moved on by its own
+// marker: its callers judge a key moved on, as they did when the attempt
+// waited out its whole context and failed.
+const (
+	updateAttempt = createAttempt
+	removeAttempt = createAttempt
+)
+
+// newWriteTag names an update's attempt uniquely across replicas: a
+// random prefix per process, and a count.
+func newWriteTag() string {
+	return writeTagPrefix + strconv.FormatUint(writeTags.Add(1), 36)
+}
+
+var (
+	writeTagPrefix = func() string {
+		var b [8]byte
+		rand.Read(b[:])
+		return hex.EncodeToString(b[:]) + "."
+	}()
+	writeTags atomic.Uint64
+)
+
+// unknownWrite is an update's attempt whose outcome is unknown.
+type unknownWrite[T any] struct {
+	tag string
+	raw []byte
+	val *T
+}
+
+// stored reports whether the key's last write is the one tagged tag, and
+// its revision; a read that fails for a moment is tried again within ctx.
+// A write sent before the read on this connection (one held while it was
+// reconnecting) reaches NATS before it.
+func (m *mirror[T]) stored(ctx context.Context, key, tag string) (uint64, bool, error) {
+	for round := 0; ; round++ {
+		got, rev, err := m.lastTag(ctx, key)
+		if err == nil {
+			return rev, got == tag, nil
+		}
+		if !transient(err) || round >= 20 {
+			return 0, false, err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return 0, false, ctx.Err()
 		}
 	}
 }
@@ -609,7 +738,7 @@ func (m *mirror[T]) create(ctx context.Context, key string, v *T, opts ...jetstr
 		if m.write != nil && len(opts) == 0 {
 			// A compare-and-set at revision 0 creates a key never written;
 			// one deleted before is KeyValue.Create's to write.
-			rev, err := m.write(ctx, key, b, 0)
+			rev, err := m.write(ctx, key, b, 0, "")
 			if isWrongLast(err) {
 				rev, err = m.kv.Create(ctx, key, b)
 			}
@@ -655,10 +784,9 @@ func (m *mirror[T]) createBy(ctx context.Context, key string, v *T, attempt func
 	ambiguous := false
 	defer m.settle(key, &ambiguous)
 	for round := 0; ; round++ {
-		actx, cancel := context.WithTimeout(ctx, createAttempt*time.Duration(round+1))
-		rev, err := attempt(actx, b)
-		cut := actx.Err() != nil
-		cancel()
+		rev, cut, err := m.attempt(ctx, createAttempt*time.Duration(round+1), func(ctx context.Context) (uint64, error) {
+			return attempt(ctx, b)
+		})
 		if err == nil {
 			m.written(key, rev, b, v)
 			return rev, nil
@@ -741,7 +869,9 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 		var err error
 		var marker uint64 // the marker's revision, where the write tells it
 		if m.purge != nil && m.markerTTL > 0 {
-			marker, err = m.purge(ctx, key, rev, m.markerTTL)
+			marker, _, err = m.attempt(ctx, removeAttempt*time.Duration(round+1), func(ctx context.Context) (uint64, error) {
+				return m.purge(ctx, key, rev, m.markerTTL)
+			})
 		} else if m.markerTTL > 0 {
 			err = m.kv.Purge(ctx, key, opts...)
 		} else {

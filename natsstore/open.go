@@ -58,6 +58,7 @@ type Store struct {
 	local   localProducers      // this replica's producer roles (producer.go)
 
 	freed    signal // a floor moved or limits changed: blocked appends decide again
+	conn     connLife
 	total    totalBytes
 	unstored atomic.Int64 // bytes appended here and not yet stored
 
@@ -291,12 +292,22 @@ func (st *Store) provision(ctx context.Context) error {
 		}
 	}
 	for _, w := range []struct {
-		set    *func(context.Context, string, []byte, uint64) (uint64, error)
+		set    *func(context.Context, string, []byte, uint64, string) (uint64, error)
 		bucket string
 	}{{&st.sessions.write, st.names.sessions}, {&st.streams.write, st.names.streams}, {&st.tombs.write, st.names.tombs}} {
 		bucket := w.bucket
-		*w.set = func(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
-			return st.kvUpdate(ctx, bucket, key, value, rev)
+		*w.set = func(ctx context.Context, key string, value []byte, rev uint64, tag string) (uint64, error) {
+			return st.kvUpdate(ctx, bucket, key, value, rev, tag)
+		}
+	}
+	st.sessions.conn, st.streams.conn, st.tombs.conn, st.leases.conn = st.conn.ctx, st.conn.ctx, st.conn.ctx, st.conn.ctx
+	for _, l := range []struct {
+		set    *func(context.Context, string) (string, uint64, error)
+		bucket string
+	}{{&st.sessions.lastTag, st.names.sessions}, {&st.streams.lastTag, st.names.streams}, {&st.tombs.lastTag, st.names.tombs}} {
+		bucket := l.bucket
+		*l.set = func(ctx context.Context, key string) (string, uint64, error) {
+			return st.kvLastTag(ctx, bucket, key)
 		}
 	}
 	return nil

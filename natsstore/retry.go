@@ -100,3 +100,33 @@ func (s *signal) fire() {
 	}
 	s.mu.Unlock()
 }
+
+// connLife is the life of the store's connection to NATS: its context is
+// done once the connection is lost, which loses the acknowledgement of
+// every write in flight. A write's attempt ends then (mirror.attempt),
+// rather than waiting for its bound.
+type connLife struct {
+	mu     sync.Mutex
+	cur    context.Context
+	cancel context.CancelFunc
+}
+
+// ctx is the current connection's context.
+func (c *connLife) ctx() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cur == nil {
+		c.cur, c.cancel = context.WithCancel(context.Background())
+	}
+	return c.cur
+}
+
+// lost ends the current connection's context; the next is a new one.
+func (c *connLife) lost() {
+	c.mu.Lock()
+	if c.cancel != nil {
+		c.cancel()
+	}
+	c.cur, c.cancel = nil, nil
+	c.mu.Unlock()
+}
