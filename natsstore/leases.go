@@ -39,6 +39,14 @@ type heldLease struct {
 type heldLeases struct {
 	mu sync.Mutex
 	m  map[string]*heldLease
+	// unsure are leases released while NATS was out of reach, the
+	// release's outcome unknown: a renewal sent before it, held by the
+	// client until the reconnection, lands first and moves the key on, and
+	// the release's removals then fail, or are never answered. Each is
+	// removed once NATS answers, if it still holds exactly this replica's
+	// value (review 47: else it stayed a TTL with no holder, and the
+	// client's next GET was refused on every replica).
+	unsure map[string]*heldLease
 }
 
 // acquire takes the producer lease of a stream; false if another holds it.
@@ -155,6 +163,29 @@ func (st *Store) removeLease(h *heldLease) {
 	}
 	if err != nil && !isWrongLast(err) {
 		st.fault("lease_release", err)
+		st.held.mu.Lock()
+		st.held.unsure[key] = h
+		st.held.mu.Unlock()
+	}
+}
+
+// settleReleases removes the leases whose release's outcome was unknown
+// and which still hold exactly this replica's value (see heldLeases); one
+// whose TTL ran out since its last write is let go.
+func (st *Store) settleReleases() {
+	st.held.mu.Lock()
+	list := make([]*heldLease, 0, len(st.held.unsure))
+	for k, h := range st.held.unsure {
+		list = append(list, h)
+		delete(st.held.unsure, k)
+	}
+	st.held.mu.Unlock()
+	for _, h := range list {
+		h.writing.Lock()
+		if time.Since(h.renewed) < st.opts.LeaseTTL {
+			st.removeLease(h) // unsure again if NATS still does not answer
+		}
+		h.writing.Unlock()
 	}
 }
 
@@ -185,6 +216,7 @@ func (st *Store) renewLoop() {
 		case <-t.C:
 		}
 		began := time.Now()
+		st.settleReleases()
 		// A renewal that failed is tried again soon, not a round later:
 		// the fence stops its producer two rounds after the last write
 		// acknowledged, so a round lost to a blip (an acknowledgement
@@ -232,7 +264,12 @@ const renewConcurrency = 128
 // renewHeld renews the held lease h, or lets it go; false if its renewal
 // failed and is to be tried again soon.
 func (st *Store) renewHeld(h *heldLease) bool {
-	h.writing.Lock()
+	if !h.writing.TryLock() {
+		// Its release is under way (a round renews each lease once): it
+		// must not hold the round, which renews every other lease, for
+		// as long as the release takes.
+		return true
+	}
 	st.held.mu.Lock()
 	held := st.held.m[h.key] == h
 	keep := h.keep

@@ -114,6 +114,7 @@ func Open(ctx context.Context, opts Options) (*Store, error) {
 	st.interest.subs, st.interest.notes = make(map[string]*interestSub), make(chan *nats.Msg, noteCap)
 	st.ctx, st.cancel = context.WithCancel(context.Background())
 	st.held.m = make(map[string]*heldLease)
+	st.held.unsure = make(map[string]*heldLease)
 	ok := false
 	defer func() {
 		if !ok {
