@@ -80,6 +80,38 @@ type interestSub struct {
 	// they stop.
 	unloaded bool
 	loading  bool // being loaded again: not swept until it is
+	// unsure: kept by a creation that lost to the session, which may have
+	// been deleted before the interest could hear of it: a load that
+	// finds the session gone ends it (review 47), one that finds it makes
+	// it the session's like any other.
+	unsure bool
+}
+
+// interestUnsure marks the interest in session sh unsure, to be loaded
+// again.
+func (st *Store) interestUnsure(sh string) {
+	in := &st.interest
+	in.mu.Lock()
+	if s := in.subs[sh]; s != nil {
+		s.unsure, s.stale = true, true
+	}
+	in.mu.Unlock()
+}
+
+// settleUnsure ends the unsure interest in session sh if it is gone, or
+// makes it sure if it exists.
+func (st *Store) settleUnsure(sh string, gone bool) {
+	in := &st.interest
+	in.mu.Lock()
+	s := in.subs[sh]
+	unsure := s != nil && s.unsure
+	if unsure && !gone {
+		s.unsure = false
+	}
+	in.mu.Unlock()
+	if unsure && gone {
+		st.dropInterest(sh)
+	}
 }
 
 // noteSubject is <P>.n.<session token>.<bucket>[.<rest of key>]: every
@@ -137,6 +169,7 @@ func (st *Store) interestIn(sh string, load bool) (begun bool) {
 	in := &st.interest
 	in.mu.Lock()
 	if s := in.subs[sh]; s != nil {
+		s.unsure = false // a handle or a creation of the session's relies on it
 		in.mu.Unlock()
 		<-s.ready
 		return false
@@ -268,9 +301,12 @@ func (st *Store) loadInterest(ctx context.Context, sh string, prune bool) error 
 		// tombstones what it held).
 		if prune || st.zoneIntact(ctx) {
 			st.sessions.pruneUnseen(sh, nil, begun)
+			st.settleUnsure(sh, true)
 		}
 	} else if err != nil {
 		return err
+	} else {
+		st.settleUnsure(sh, false)
 	}
 	if err := loadKeys(ctx, st.streams, sh, begun, prune, onErr); err != nil {
 		return err

@@ -189,8 +189,17 @@ func (st *Store) CreateSession(id string, meta buffer.SessionMeta) (buffer.Sessi
 				st.loadBegun(sh)
 				// Deleted before this interest could hear of it (review
 				// 43's guard, failing under load): nothing would end it.
-				if _, _, err := st.sessions.lookupErr(ctx, sh); errors.Is(err, errNotFound) {
+				// Asked on a context of its own (the creation's may be spent)
+				// and briefly: unanswered, the interest's next load asks
+				// again (review 47).
+				lctx, lcancel := context.WithTimeout(st.ctx, 2*time.Second)
+				_, _, err := st.sessions.lookupErr(lctx, sh)
+				lcancel()
+				switch {
+				case errors.Is(err, errNotFound):
 					st.dropInterest(sh)
+				case err != nil:
+					st.interestUnsure(sh)
 				}
 			}
 			return nil, buffer.ErrSessionExists
