@@ -453,7 +453,9 @@ func (st *Store) renew(bucket, key string, val []byte, rev uint64, ttl time.Dura
 	// tried again soon (renewLoop).
 	ctx, cancel := context.WithTimeout(st.ctx, min(5*time.Second, max(time.Second, ttl/6)))
 	defer cancel()
-	defer context.AfterFunc(st.conn.ctx(), cancel)()
+	if st.srv == nil {
+		defer context.AfterFunc(st.conn.ctx(), cancel)()
+	}
 	ack, err := st.js.Publish(ctx, "$KV."+bucket+"."+key, val,
 		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(ttl))
 	if err != nil {

@@ -38,7 +38,8 @@ type mirror[T any] struct {
 	// acknowledgement was lost tells its own write from another's.
 	lastTag func(ctx context.Context, key string) (string, uint64, error)
 	// conn, if set, is done once the connection that writes go by now is
-	// lost: a write's attempt then ends at once (see attempt).
+	// lost: a write's attempt then ends at once (see attempt). Unset on an
+	// in-process connection, where updates and removals are not bounded.
 	conn func() context.Context
 	// createTTL and purge, if set, are createWithTTL's and remove's
 	// writes (KeyValue.Create with a TTL and KeyValue.Purge otherwise),
@@ -606,13 +607,15 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		m.mu.Unlock()
 		var nrev uint64
 		var tag string
-		if m.write != nil {
+		if m.write != nil && m.conn != nil {
 			if m.lastTag != nil {
 				tag = newWriteTag()
 			}
 			nrev, _, err = m.attempt(ctx, updateAttempt*time.Duration(round+1), func(ctx context.Context) (uint64, error) {
 				return m.write(ctx, key, b, rev, tag)
 			})
+		} else if m.write != nil {
+			nrev, err = m.write(ctx, key, b, rev, "") // in-process: no reply is lost
 		} else {
 			nrev, err = m.kv.Update(ctx, key, b, rev)
 		}
@@ -868,10 +871,12 @@ func (m *mirror[T]) remove(ctx context.Context, key string, rev uint64) error {
 	for round := 0; ; round++ {
 		var err error
 		var marker uint64 // the marker's revision, where the write tells it
-		if m.purge != nil && m.markerTTL > 0 {
+		if m.purge != nil && m.markerTTL > 0 && m.conn != nil {
 			marker, _, err = m.attempt(ctx, removeAttempt*time.Duration(round+1), func(ctx context.Context) (uint64, error) {
 				return m.purge(ctx, key, rev, m.markerTTL)
 			})
+		} else if m.purge != nil && m.markerTTL > 0 {
+			marker, err = m.purge(ctx, key, rev, m.markerTTL) // in-process: no reply is lost
 		} else if m.markerTTL > 0 {
 			err = m.kv.Purge(ctx, key, opts...)
 		} else {

@@ -301,6 +301,11 @@ func (st *Store) provision(ctx context.Context) error {
 			return st.kvUpdate(ctx, bucket, key, value, rev, tag)
 		}
 	}
+	if st.srv != nil {
+		// In-process (an embedded server): no connection is lost, and no
+		// acknowledgement with one; the writes keep their plain path.
+		return nil
+	}
 	st.sessions.conn, st.streams.conn, st.tombs.conn, st.leases.conn = st.conn.ctx, st.conn.ctx, st.conn.ctx, st.conn.ctx
 	for _, l := range []struct {
 		set    *func(context.Context, string) (string, uint64, error)
