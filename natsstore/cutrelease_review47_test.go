@@ -23,7 +23,7 @@ func TestReview47ReleaseDuringALongCutLeavesTheLease(t *testing.T) {
 	var fmu sync.Mutex
 	var faults []string
 	ns := testnet.NATS(t)
-	relay := newR47Relay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	relay := newFaultRelay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	const ttl = 30 * time.Second // rounds every 10 s
 	a := openAt(t, []string{"nats://" + relay.addr()}, func(o *Options) {
 		o.LeaseTTL = ttl

@@ -28,7 +28,7 @@ import (
 func TestReview47LostCreationWithAFailedLookupKeepsAnInterestForGood(t *testing.T) {
 	t.Parallel()
 	ns := testnet.NATS(t)
-	relay := newR47Relay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	relay := newFaultRelay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	a := openAt(t, []string{"nats://" + relay.addr()}, func(o *Options) { o.SweepInterval = time.Hour })
 	b := openAt(t, []string{ns.ClientURL()})
 	const id = "leak47"

@@ -133,7 +133,7 @@ func TestReview46RenewalRoundsOutlastTheFenceWithManyLeases(t *testing.T) {
 
 func renewalsOnADistantNATS(t *testing.T, n int) {
 	ns := testnet.NATS(t)
-	relay := newSlowRelay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	relay := newFaultRelay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	mod := func(o *Options) {
 		o.LeaseTTL = 1500 * time.Millisecond
 		o.TakeoverWait = time.Hour

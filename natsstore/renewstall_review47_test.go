@@ -3,7 +3,6 @@ package natsstore
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,120 +11,6 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
-
-// r47Relay is a TCP relay in front of NATS that delays every byte each way
-// by delay, and can blip: drop every connection at once (what is in
-// transit is lost) while new connections are let through at once.
-type r47Relay struct {
-	ln    net.Listener
-	delay atomic.Int64
-	mu    sync.Mutex
-	down  bool
-	conns []net.Conn
-	// trigger, if set, is called with each chunk NATS sent once it is
-	// delivered to the client.
-	trigger atomic.Pointer[func([]byte)]
-}
-
-func newR47Relay(t testing.TB, target string) *r47Relay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &r47Relay{ln: ln}
-	t.Cleanup(func() { ln.Close(); r.blip() })
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			down := r.down
-			r.mu.Unlock()
-			if down {
-				in.Close()
-				continue
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			r.mu.Lock()
-			r.conns = append(r.conns, in, out)
-			r.mu.Unlock()
-			go r.pipe(out, in, false)
-			go r.pipe(in, out, true)
-		}
-	}()
-	return r
-}
-
-func (r *r47Relay) addr() string { return r.ln.Addr().String() }
-
-// blip drops every connection now.
-func (r *r47Relay) blip() {
-	r.mu.Lock()
-	conns := r.conns
-	r.conns = nil
-	r.mu.Unlock()
-	for _, c := range conns {
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetLinger(0)
-		}
-		c.Close()
-	}
-}
-
-// cut drops every connection and refuses new ones until mend.
-func (r *r47Relay) cut() {
-	r.mu.Lock()
-	r.down = true
-	r.mu.Unlock()
-	r.blip()
-}
-
-func (r *r47Relay) mend() {
-	r.mu.Lock()
-	r.down = false
-	r.mu.Unlock()
-}
-
-func (r *r47Relay) pipe(dst, src net.Conn, toClient bool) {
-	type chunk struct {
-		at time.Time
-		b  []byte
-	}
-	ch := make(chan chunk, 1<<16)
-	go func() {
-		defer close(ch)
-		for {
-			buf := make([]byte, 32<<10)
-			n, err := src.Read(buf)
-			if n > 0 {
-				ch <- chunk{time.Now().Add(time.Duration(r.delay.Load())), buf[:n]}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for c := range ch {
-		if d := time.Until(c.at); d > 0 {
-			time.Sleep(d)
-		}
-		if _, err := dst.Write(c.b); err != nil {
-			break
-		}
-		if f := r.trigger.Load(); toClient && f != nil {
-			(*f)(c.b)
-		}
-	}
-	dst.Close()
-	src.Close()
-}
 
 // Review 47 (f2ace91): renewHeld takes h.writing before it looks whether h
 // is still held, so the renewal of a lease released after its round listed
@@ -144,7 +29,7 @@ func TestReview47ReleaseWithALostAckStallsEveryRenewal(t *testing.T) {
 	var fmu sync.Mutex
 	var faults []string
 	ns := testnet.NATS(t)
-	relay := newR47Relay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	relay := newFaultRelay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	const ttl = DefaultLeaseTTL // 15 s: rounds every 5 s, fence at 10 s, renew timeout 2.5 s
 	a := openAt(t, []string{"nats://" + relay.addr()}, func(o *Options) {
 		o.LeaseTTL = ttl
@@ -275,7 +160,7 @@ func TestReview47ReleaseWithALostAckStallsEveryRenewal(t *testing.T) {
 func TestReview47RenewalOfAReleasedLeaseWaitsOutTheRelease(t *testing.T) {
 	t.Parallel()
 	ns := testnet.NATS(t)
-	relay := newR47Relay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
+	relay := newFaultRelay(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	a := openAt(t, []string{"nats://" + relay.addr()}, func(o *Options) { o.LeaseTTL = time.Minute })
 	const key = "wait47.e.0"
 	if ok, err := a.acquire(key, nil); !ok || err != nil {

@@ -2,95 +2,13 @@ package natsstore
 
 import (
 	"context"
-	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
 )
-
-// slowRelay is a TCP relay in front of a NATS server that delays every
-// byte, each way, by delay (0 at first): a slow but alive NATS (a server
-// under CPU load, a congested link). Order is kept; nothing is lost.
-type slowRelay struct {
-	ln     net.Listener
-	target string
-	delay  atomic.Int64 // one way, in nanoseconds
-	mu     sync.Mutex
-	conns  []net.Conn
-}
-
-func newSlowRelay(t testing.TB, target string) *slowRelay {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &slowRelay{ln: ln, target: target}
-	t.Cleanup(func() {
-		ln.Close()
-		r.mu.Lock()
-		for _, c := range r.conns {
-			c.Close()
-		}
-		r.mu.Unlock()
-	})
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			r.mu.Lock()
-			r.conns = append(r.conns, in, out)
-			r.mu.Unlock()
-			go r.pipe(out, in)
-			go r.pipe(in, out)
-		}
-	}()
-	return r
-}
-
-func (r *slowRelay) addr() string { return r.ln.Addr().String() }
-
-func (r *slowRelay) pipe(dst, src net.Conn) {
-	type chunk struct {
-		at time.Time
-		b  []byte
-	}
-	ch := make(chan chunk, 1<<16)
-	go func() {
-		defer close(ch)
-		for {
-			buf := make([]byte, 32<<10)
-			n, err := src.Read(buf)
-			if n > 0 {
-				ch <- chunk{time.Now().Add(time.Duration(r.delay.Load())), buf[:n]}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}()
-	for c := range ch {
-		if d := time.Until(c.at); d > 0 {
-			time.Sleep(d)
-		}
-		if _, err := dst.Write(c.b); err != nil {
-			break
-		}
-	}
-	dst.Close()
-	src.Close()
-}
 
 // Review 44 (mended): a lease taken again within leaseMarkerTTL of its
 // release (a standalone GET reconnecting, the commonest thing an SSE
@@ -104,7 +22,7 @@ func (r *slowRelay) pipe(dst, src net.Conn) {
 func TestReview44StandaloneTakenAgainOnASlowNATS(t *testing.T) {
 	t.Parallel()
 	ns := testnet.NATS(t)
-	slow := newSlowRelay(t, ns.Addr().String())
+	slow := newFaultRelay(t, ns.Addr().String())
 	a := openAt(t, []string{"nats://" + slow.addr()})
 	sa, err := a.CreateSession("sess", buffer.SessionMeta{})
 	if err != nil {
