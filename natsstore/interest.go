@@ -777,7 +777,7 @@ func (st *Store) disconnected() {
 
 // reconnected is the connection's reconnect handler.
 func (st *Store) reconnected() {
-	st.spawn(st.settleReleases)
+	st.settleReleases()
 	st.spawn(func() {
 		if st.srv == nil {
 			if err := st.nc.Publish(st.resyncSubject(), nil); err != nil {

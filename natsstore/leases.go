@@ -46,7 +46,8 @@ type heldLeases struct {
 	// removed once NATS answers, if it still holds exactly this replica's
 	// value (review 47: else it stayed a TTL with no holder, and the
 	// client's next GET was refused on every replica).
-	unsure map[string]*heldLease
+	unsure   map[string]*heldLease
+	settling atomic.Bool // settleReleases is under way
 }
 
 // acquire takes the producer lease of a stream; false if another holds it.
@@ -169,23 +170,42 @@ func (st *Store) removeLease(h *heldLease) {
 	}
 }
 
-// settleReleases removes the leases whose release's outcome was unknown
-// and which still hold exactly this replica's value (see heldLeases); one
-// whose TTL ran out since its last write is let go.
+// settleReleases removes, in the background, the leases whose release's
+// outcome was unknown and which still hold exactly this replica's value
+// (see heldLeases); one whose TTL ran out since its last write is let go.
+// Apart from the renewals: each removal may wait out NATS (review 48: in
+// the round, 60 of them held every other lease's renewal 24 s).
 func (st *Store) settleReleases() {
-	st.held.mu.Lock()
-	list := make([]*heldLease, 0, len(st.held.unsure))
-	for k, h := range st.held.unsure {
-		list = append(list, h)
-		delete(st.held.unsure, k)
+	if !st.held.settling.CompareAndSwap(false, true) {
+		return // the one under way takes what comes meanwhile next time
 	}
-	st.held.mu.Unlock()
-	for _, h := range list {
-		h.writing.Lock()
-		if time.Since(h.renewed) < st.opts.LeaseTTL {
-			st.removeLease(h) // unsure again if NATS still does not answer
+	if !st.spawn(func() {
+		defer st.held.settling.Store(false)
+		st.held.mu.Lock()
+		list := make([]*heldLease, 0, len(st.held.unsure))
+		for k, h := range st.held.unsure {
+			list = append(list, h)
+			delete(st.held.unsure, k)
 		}
-		h.writing.Unlock()
+		st.held.mu.Unlock()
+		var wg sync.WaitGroup
+		slots := make(chan struct{}, renewConcurrency)
+		for _, h := range list {
+			slots <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				h.writing.Lock()
+				if time.Since(h.renewed) < st.opts.LeaseTTL {
+					st.removeLease(h) // unsure again if NATS still does not answer
+				}
+				h.writing.Unlock()
+				<-slots
+			}()
+		}
+		wg.Wait()
+	}) {
+		st.held.settling.Store(false)
 	}
 }
 
