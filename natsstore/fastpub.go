@@ -80,50 +80,40 @@ func plainAck(b []byte) (uint64, bool) {
 }
 
 // kvUpdate is KeyValue.Update (compare-and-set at revision rev, 0: the key
-// must not exist) through publish; tag, if not empty, is its message ID
-// (see kvStored).
+// must not exist) through publish, the message tagged tag (if not empty).
 func (st *Store) kvUpdate(ctx context.Context, bucket, key string, value []byte, rev uint64, tag string) (uint64, error) {
 	msg := &nats.Msg{Subject: "$KV." + bucket + "." + key, Data: value, Header: nats.Header{}}
 	msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(rev, 10))
 	if tag != "" {
-		msg.Header.Set(jetstream.MsgIDHeader, tag)
+		msg.Header.Set(hdrWriteTag, tag)
 	}
 	return st.publish(ctx, msg)
 }
 
-// kvStored reports whether the bucket stored the write whose message ID is
-// tag, and at which sequence, asking JetStream's duplicate window (the
-// bucket's: 2 minutes): a message under that ID that expects a last
-// message ID no stream has is answered as a duplicate of the write if it
-// was stored, and refused, storing nothing, if not. It is a publish, so it
-// reaches the bucket after what this connection sent before it (review 48:
-// a direct get in its place ran ahead of the write, which waited in the
-// stream's queue, or found a later write on top of it).
-func (st *Store) kvStored(ctx context.Context, bucket, key, tag string) (uint64, bool, error) {
-	msg := &nats.Msg{Subject: "$KV." + bucket + "." + key, Header: nats.Header{}}
-	msg.Header.Set(jetstream.MsgIDHeader, tag)
-	msg.Header.Set(jetstream.ExpectedLastMsgIDHeader, "mcp-resume: a write's check stores nothing")
-	seq, err := st.publish(ctx, msg)
-	var api *jetstream.APIError
-	switch {
-	case err == nil:
-		return seq, true, nil
-	case errors.As(err, &api) && api.ErrorCode == errCodeWrongLastMsgID:
-		return 0, false, nil
-	case errors.As(err, &api) && api.ErrorCode == errCodeMsgIDInProcess:
-		// A cluster's leader has the write proposed, not yet applied: ask
-		// again.
-		return 0, false, jetstream.ErrNoStreamResponse
-	}
-	return 0, false, err
-}
+// hdrWriteTag names an update's attempt (newWriteTag): KV's readers ignore
+// it; an update whose acknowledgement was lost looks for it (kvLastTag).
+const hdrWriteTag = "Mcp-Resume-Write"
 
-// JetStream's error codes JSStreamWrongLastMsgIDErrF and
-// JSStreamDuplicateMessageConflict.
-const (
-	errCodeWrongLastMsgID = 10070
-	errCodeMsgIDInProcess = 10158
-)
+// kvLastTag reads the tag and revision of key's last write (its message in
+// the bucket's stream, a deletion's marker included), by a direct get;
+// "" and 0 if the bucket holds none.
+func (st *Store) kvLastTag(ctx context.Context, bucket, key string) (string, uint64, error) {
+	resp, err := st.nc.RequestWithContext(ctx, "$JS.API.DIRECT.GET.KV_"+bucket+".$KV."+bucket+"."+key, nil)
+	if err != nil {
+		return "", 0, err
+	}
+	if status := resp.Header.Get("Status"); len(resp.Data) == 0 && status != "" {
+		if status == "404" {
+			return "", 0, nil
+		}
+		return "", 0, fmt.Errorf("nats: direct get of %s: %s %s", key, status, resp.Header.Get("Description"))
+	}
+	seq, err := strconv.ParseUint(resp.Header.Get(jetstream.SequenceHeader), 10, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("nats: direct get of %s: no sequence", key)
+	}
+	return resp.Header.Get(hdrWriteTag), seq, nil
+}
 
 // kvCreateTTL is KeyValue.Create of a key never written (compare-and-set
 // at revision 0) with a per-key TTL, through publish: a producer lease,

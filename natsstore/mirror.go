@@ -31,11 +31,12 @@ type mirror[T any] struct {
 	changed func(key string, cur *T)
 	// write, if set, is the compare-and-set of update (KeyValue.Update
 	// otherwise): the store's, which reads acknowledgements cheaply, and
-	// gives the message tag (if not empty) as its JetStream message ID.
+	// marks the message with tag (if not empty).
 	write func(ctx context.Context, key string, value []byte, rev uint64, tag string) (uint64, error)
-	// stored, if set, reports whether the write with message ID tag was
-	// stored, and at which revision, storing nothing.
-	stored func(ctx context.Context, key, tag string) (uint64, bool, error)
+	// lastTag, if set, reads the tag and revision of the key's last write
+	// (tag "" and rev 0: none): with write's tags, an update whose
+	// acknowledgement was lost tells its own write from another's.
+	lastTag func(ctx context.Context, key string) (string, uint64, error)
 	// conn, if set, is done once the connection that writes go by now is
 	// lost: a write's attempt then ends at once (see attempt). Unset on an
 	// in-process connection, where updates and removals are not bounded.
@@ -532,9 +533,9 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 // An attempt is bounded (updateAttempt, each later one given that much
 // more): a write whose acknowledgement is lost with its connection is
 // never answered, and held its caller the whole of ctx (a call's end seen
-// by its clients 10 s late). Where the connection can be lost, whether an
-// attempt whose outcome is unknown was stored is asked before the change
-// is made again (see unknown).
+// by its clients 10 s late). Where the store tags its writes, an attempt
+// whose outcome is unknown is looked for before the change is made again:
+// found, it is the write (made again, the change would apply twice).
 func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) error, done func(*T)) (*T, error) {
 	ambiguous := false
 	defer m.settle(key, &ambiguous)
@@ -547,11 +548,9 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		raw, rev, cur = e.raw, e.rev, e.val
 	}
 	m.mu.RUnlock()
-	// unknown is the last attempt, if its outcome is unknown: whether it
-	// was stored is asked (stored) before the change is made again, which
-	// would apply it twice. Its value stays in writing until known, so a
-	// watch bringing it back meanwhile leaves it to done's count (see
-	// written).
+	// unknown is the last attempt, if its outcome is unknown: its value
+	// stays in writing until known, so a watch bringing it back meanwhile
+	// leaves it to done's count (see written).
 	var unknown *unknownWrite[T]
 	defer func() {
 		if unknown != nil {
@@ -560,28 +559,19 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 	}()
 	for round := 0; ; round++ {
 		if unknown != nil {
-			srev, ok, err := m.stored(ctx, key, unknown.tag)
-			switch {
-			case err == nil && ok:
-				m.doneWriting(key, unknown.val)
-				v, b := unknown.val, unknown.raw
-				unknown = nil
-				if done != nil {
-					done(v)
-				}
-				m.written(key, srev, b, v)
-				return v, nil
-			case err == nil:
-				m.doneWriting(key, unknown.val)
-				unknown = nil
-			case !transient(err) || round >= maxCASRounds:
+			nrev, ok, err := m.stored(ctx, key, unknown.tag)
+			if err != nil {
 				return nil, err
-			default:
-				if !sleepCtx(ctx, backoff(round)) {
-					return nil, ctx.Err()
-				}
-				continue
 			}
+			m.doneWriting(key, unknown.val)
+			if ok {
+				if done != nil {
+					done(unknown.val)
+				}
+				m.written(key, nrev, unknown.raw, unknown.val)
+				return unknown.val, nil
+			}
+			unknown = nil
 		}
 		if raw == nil || round > 0 {
 			var err error
@@ -615,12 +605,12 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		m.mu.Lock()
 		m.writing[key] = written[T]{b, v, done != nil}
 		m.mu.Unlock()
-		var tag string
-		if m.stored != nil && m.conn != nil {
-			tag = newWriteTag()
-		}
 		var nrev uint64
+		var tag string
 		if m.write != nil && m.conn != nil {
+			if m.lastTag != nil {
+				tag = newWriteTag()
+			}
 			nrev, _, err = m.attempt(ctx, updateAttempt*time.Duration(round+1), func(ctx context.Context) (uint64, error) {
 				return m.write(ctx, key, b, rev, tag)
 			})
@@ -629,10 +619,8 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 		} else {
 			nrev, err = m.kv.Update(ctx, key, b, rev)
 		}
-		moved := errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || isWrongLast(err)
-		if tag != "" && err != nil && !moved {
-			unknown = &unknownWrite[T]{tag: tag, raw: b, val: v}
-		} else {
+		lost := tag != "" && err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLast(err)
+		if !lost {
 			m.doneWriting(key, v)
 		}
 		if err == nil {
@@ -642,8 +630,11 @@ func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) 
 			m.written(key, nrev, b, v)
 			return v, nil
 		}
-		if !moved {
+		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongLast(err) {
 			ambiguous = true
+			if lost {
+				unknown = &unknownWrite[T]{tag: tag, raw: b, val: v}
+			}
 			if !transient(err) || round >= maxCASRounds {
 				return nil, err
 			}
@@ -708,12 +699,32 @@ var (
 	writeTags atomic.Uint64
 )
 
-// unknownWrite is an update's attempt whose outcome is unknown: its
-// message ID (tag) and what it wrote.
+// unknownWrite is an update's attempt whose outcome is unknown.
 type unknownWrite[T any] struct {
 	tag string
 	raw []byte
 	val *T
+}
+
+// stored reports whether the key's last write is the one tagged tag, and
+// its revision; a read that fails for a moment is tried again within ctx.
+// It may miss the write (review 48): one held while the connection was
+// reconnecting reaches NATS with the read, which nats-server answers
+// before the write leaves the stream's queue; or another write landed on
+// top. The change is then made again (see natsstore/DESIGN.md).
+func (m *mirror[T]) stored(ctx context.Context, key, tag string) (uint64, bool, error) {
+	for round := 0; ; round++ {
+		got, rev, err := m.lastTag(ctx, key)
+		if err == nil {
+			return rev, got == tag, nil
+		}
+		if !transient(err) || round >= 20 {
+			return 0, false, err
+		}
+		if !sleepCtx(ctx, backoff(round)) {
+			return 0, false, ctx.Err()
+		}
+	}
 }
 
 // fetch reads key from KV (not the mirror, which may lag) and applies it.

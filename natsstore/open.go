@@ -307,13 +307,13 @@ func (st *Store) provision(ctx context.Context) error {
 		return nil
 	}
 	st.sessions.conn, st.streams.conn, st.tombs.conn, st.leases.conn = st.conn.ctx, st.conn.ctx, st.conn.ctx, st.conn.ctx
-	for _, w := range []struct {
-		set    *func(context.Context, string, string) (uint64, bool, error)
+	for _, l := range []struct {
+		set    *func(context.Context, string) (string, uint64, error)
 		bucket string
-	}{{&st.sessions.stored, st.names.sessions}, {&st.streams.stored, st.names.streams}, {&st.tombs.stored, st.names.tombs}} {
-		bucket := w.bucket
-		*w.set = func(ctx context.Context, key, tag string) (uint64, bool, error) {
-			return st.kvStored(ctx, bucket, key, tag)
+	}{{&st.sessions.lastTag, st.names.sessions}, {&st.streams.lastTag, st.names.streams}, {&st.tombs.lastTag, st.names.tombs}} {
+		bucket := l.bucket
+		*l.set = func(ctx context.Context, key string) (string, uint64, error) {
+			return st.kvLastTag(ctx, bucket, key)
 		}
 	}
 	return nil
