@@ -188,22 +188,13 @@ func (st *Store) settleReleases() {
 			delete(st.held.unsure, k)
 		}
 		st.held.mu.Unlock()
-		var wg sync.WaitGroup
-		slots := make(chan struct{}, renewConcurrency)
-		for _, h := range list {
-			slots <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				h.writing.Lock()
-				if time.Since(h.renewed) < st.opts.LeaseTTL {
-					st.removeLease(h) // unsure again if NATS still does not answer
-				}
-				h.writing.Unlock()
-				<-slots
-			}()
-		}
-		wg.Wait()
+		eachAtOnce(list, func(h *heldLease) {
+			h.writing.Lock()
+			if time.Since(h.renewed) < st.opts.LeaseTTL {
+				st.removeLease(h) // unsure again if NATS still does not answer
+			}
+			h.writing.Unlock()
+		})
 	}) {
 		st.held.settling.Store(false)
 	}
@@ -252,27 +243,35 @@ func (st *Store) renewLoop() {
 		// renewConcurrency at a time: one after another, a round lasts
 		// the held leases times a round trip, and with many calls or a
 		// distant NATS it outlasts the fences' slack.
-		var wg sync.WaitGroup
 		var failed atomic.Bool
-		slots := make(chan struct{}, renewConcurrency)
-		for _, h := range list {
-			slots <- struct{}{}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if !st.renewHeld(h) {
-					failed.Store(true)
-				}
-				<-slots
-			}()
-		}
-		wg.Wait()
+		eachAtOnce(list, func(h *heldLease) {
+			if !st.renewHeld(h) {
+				failed.Store(true)
+			}
+		})
 		if failed.Load() {
 			next = min(round, max(st.opts.LeaseTTL/15, 100*time.Millisecond))
 		}
 		st.heartbeatReaders()
 		t.Reset(max(next-time.Since(began), 0)) // every round from its start, as a ticker's
 	}
+}
+
+// eachAtOnce runs fn on each lease of list, renewConcurrency at a time,
+// and returns once all are done.
+func eachAtOnce(list []*heldLease, fn func(*heldLease)) {
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, renewConcurrency)
+	for _, h := range list {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			fn(h)
+			<-slots
+		}()
+	}
+	wg.Wait()
 }
 
 // renewConcurrency bounds the renewals a round has under way at once: a
