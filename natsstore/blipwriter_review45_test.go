@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"github.com/nats-io/nats.go/jetstream"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,13 +36,8 @@ func TestReview45WriterSurvivesABlipWithAReaderOnB(t *testing.T) {
 }
 
 func writerThroughABlip(t *testing.T, resumeOnB bool) {
-	var fmu sync.Mutex
-	var faults []string
-	note := func(s string) {
-		fmu.Lock()
-		faults = append(faults, time.Now().Format("05.000")+" "+s)
-		fmu.Unlock()
-	}
+	var faults faultNotes
+	note := faults.note
 	ns := testnet.NATS(t)
 	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	mod := func(o *Options) {
@@ -84,11 +78,9 @@ func writerThroughABlip(t *testing.T, resumeOnB bool) {
 		time.Sleep(cutAt.Add(time.Second).Sub(time.Now()))
 		link.mend()
 		aerr := <-appended
-		fmu.Lock()
-		defer fmu.Unlock()
 		if aerr != nil || a.counters.EventsEvictedBeforeAck.Load() != 0 {
 			t.Fatalf("FAULT: a 1 s cut of A from NATS, no reader anywhere: A's appends: %v; A counted %d events evicted before acknowledgement; writer error %v; A's faults: %q",
-				aerr, a.counters.EventsEvictedBeforeAck.Load(), writerErr(str), faults)
+				aerr, a.counters.EventsEvictedBeforeAck.Load(), writerErr(str), faults.list())
 		}
 		return
 	}
@@ -104,18 +96,15 @@ func writerThroughABlip(t *testing.T, resumeOnB bool) {
 	time.Sleep(cutAt.Add(time.Second).Sub(time.Now()))
 	link.mend()
 	aerr := <-appended
-	fmu.Lock()
 	if aerr != nil || a.counters.EventsEvictedBeforeAck.Load() != 0 {
-		defer fmu.Unlock()
 		t.Logf("the events stream holds: %v", subjectMsgs(b, str.(*stream).subject))
 		ra, _ := str.(*stream).record()
 		rb, _ := stB.(*stream).record()
 		t.Logf("the stream's floor as A's mirror has it: %d; as B's: %d", ra.Floor, rb.Floor)
 		t.Fatalf("FAULT: a 1 s cut of A from NATS, the call's client back on B during it: A's appends: %v; "+
 			"A counted %d events evicted before acknowledgement; writer error %v; A's faults: %q",
-			aerr, a.counters.EventsEvictedBeforeAck.Load(), writerErr(str), faults)
+			aerr, a.counters.EventsEvictedBeforeAck.Load(), writerErr(str), faults.list())
 	}
-	fmu.Unlock()
 	seqs, rerr := readSeqs(t, r, sb.Epoch(), str.Num(), 3, 6)
 	if rerr != nil || len(seqs) != 6 {
 		t.Fatalf("FAULT: B read %v then %v", seqs, rerr)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -55,13 +54,8 @@ func TestReview46FencedProducersPublishTakenForADuplicate(t *testing.T) {
 }
 
 func fencedProducerBack(t *testing.T, evict bool) {
-	var fmu sync.Mutex
-	var faults []string
-	note := func(s string) {
-		fmu.Lock()
-		faults = append(faults, time.Now().Format("05.000")+" "+s)
-		fmu.Unlock()
-	}
+	var faults faultNotes
+	note := faults.note
 	ns := testnet.NATS(t)
 	link := newCutter(t, strings.TrimPrefix(ns.ClientURL(), "nats://"))
 	mod := func(o *Options) {
@@ -168,8 +162,6 @@ func fencedProducerBack(t *testing.T, evict bool) {
 	defer fcancel()
 	b.streams.fetch(fctx, stB.(*stream).key)
 	rec, _ := stB.(*stream).record()
-	fmu.Lock()
-	defer fmu.Unlock()
 	if stored > 3 || berr != nil || b.counters.EventsEvictedBeforeAck.Load() != 0 || strings.Contains(strings.Join(read, ""), "A's") {
 		what := "B's client acknowledged everything B stored, and A published its events from nothing into B's stream"
 		if !evict {
@@ -179,6 +171,6 @@ func fencedProducerBack(t *testing.T, evict bool) {
 			"B's append 5: %v; B's writer: %v; B counted %d events evicted before acknowledgement; "+
 			"B's reader read %q; the record's request answered at %d, head %d; faults: %q",
 			what, stored, berr, writerErr(stB), b.counters.EventsEvictedBeforeAck.Load(), read,
-			rec.Requests[0].AnsweredAt, rec.Head, faults)
+			rec.Requests[0].AnsweredAt, rec.Head, faults.list())
 	}
 }

@@ -123,3 +123,23 @@ func (r *faultRelay) pipe(dst, src net.Conn, toClient bool) {
 	dst.Close()
 	src.Close()
 }
+
+// faultNotes collects, timestamped, what replicas report during a test
+// (OnError, hooks), for its failure message.
+type faultNotes struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (f *faultNotes) note(s string) {
+	f.mu.Lock()
+	f.lines = append(f.lines, time.Now().Format("05.000")+" "+s)
+	f.mu.Unlock()
+}
+
+// list is a copy of what was noted so far.
+func (f *faultNotes) list() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.lines...)
+}
