@@ -2,8 +2,10 @@ package buffer_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"runtime"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -148,6 +150,51 @@ func BenchmarkReplay(b *testing.B) {
 				r.Close()
 			}
 			p.stop(b.N)
+		})
+	}
+}
+
+// BenchmarkSweep: one op is one pass of the sweeper over a session holding
+// n ended calls, each delivered to its client and inside the resume
+// window: what every call costs the sweeper each interval while its events
+// are kept (a 2-minute window, a 500 ms interval: 240 passes). ns/stream
+// is per call held, per pass; a pass should find them set aside.
+func BenchmarkSweep(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("calls=%d", n), func(b *testing.B) {
+			lim := storetest.BigLimits()
+			lim.ResumeWindow = 2 * time.Minute
+			st := buffer.NewMemoryStore(buffer.Options{Limits: lim, SweepInterval: time.Hour})
+			defer st.Close()
+			s, _ := st.CreateSession("bench", buffer.SessionMeta{})
+			ctx := context.Background()
+			event := storetest.Fields(make([]byte, 100))
+			for i := 0; i < n; i++ {
+				str, err := s.NewStream([]string{strconv.Itoa(i)}, [32]byte{byte(i), byte(i >> 8)})
+				if err != nil {
+					b.Fatal(err)
+				}
+				r, _ := str.Attach(1)
+				str.Append(ctx, buffer.Entry{Fields: event})
+				str.Append(ctx, buffer.Entry{Fields: event, Answers: []string{strconv.Itoa(i)}})
+				str.Complete()
+				for {
+					batch, err := r.Read(ctx, nil, 256<<10, time.Second)
+					if len(batch.Data) > 0 {
+						r.Delivered(batch.Last)
+					}
+					if err != nil {
+						break
+					}
+				}
+				r.Close()
+			}
+			st.Sweep() // each stream judged once, after its client left
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				st.Sweep()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/stream")
 		})
 	}
 }

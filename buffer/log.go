@@ -327,6 +327,16 @@ func (l *eventLog) evictable(acked, readerNext uint64, deleted bool, now time.Ti
 	return seq
 }
 
+// deliveredAt is when seq was delivered (unix nanos), 0 if it was not.
+func (l *eventLog) deliveredAt(seq uint64) int64 {
+	for _, d := range l.deliveries {
+		if d.seq >= seq {
+			return d.at
+		}
+	}
+	return 0
+}
+
 // evictableThrough reports whether events floor..seq (seq retained) may all
 // leave the log now. Evictability only falls with seq (acks and deliveries
 // come in order, and so does the reader), so policy need only be asked

@@ -127,13 +127,15 @@ func (st *MemoryStore) sweepLoop() {
 func (st *MemoryStore) sweep() {
 	now := st.now()
 	lim := st.Limits()
+	var due []*memStream
 	for _, s := range st.snapshot() {
 		if lim.SessionIdleTimeout > 0 && s.connected.Load() == 0 &&
 			now.Sub(time.Unix(0, s.lastActive.Load())) >= lim.SessionIdleTimeout {
 			st.Delete(s.id, policy.ReasonExpired)
 			continue
 		}
-		for _, str := range s.streamList() {
+		due = s.dueStreams(due[:0], now.UnixNano())
+		for _, str := range due {
 			str.evict(now, lim.ResumeWindow)
 		}
 		s.retire()
@@ -170,8 +172,15 @@ func (st *MemoryStore) Limits() Limits {
 // SetLimits implements Store.
 func (st *MemoryStore) SetLimits(l Limits) {
 	st.mu.Lock()
+	window := st.limits.ResumeWindow
 	st.limits = l
 	st.mu.Unlock()
+	if l.ResumeWindow != window {
+		// What each stream's next eviction was computed with changed.
+		for _, s := range st.snapshot() {
+			s.sweepAll()
+		}
+	}
 	st.budget.wake() // a bound may have grown, a stall deadline moved
 }
 

@@ -99,6 +99,32 @@ func (s *memSession) NextStream() uint32 {
 	return s.nextStream
 }
 
+// dueStreams appends to dst the session's streams the sweeper has
+// something to evict from at now (in no order).
+func (s *memSession) dueStreams(dst []*memStream, now int64) []*memStream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.standalone.sweepDue(now) {
+		dst = append(dst, s.standalone)
+	}
+	for _, str := range s.streams {
+		if str.sweepDue(now) {
+			dst = append(dst, str)
+		}
+	}
+	return dst
+}
+
+// sweepAll makes the sweeper look at every stream of the session again.
+func (s *memSession) sweepAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.standalone.sweepAt.Store(0)
+	for _, str := range s.streams {
+		str.sweepAt.Store(0)
+	}
+}
+
 // streamList returns the session's streams, the standalone stream first.
 func (s *memSession) streamList() []*memStream {
 	s.mu.Lock()
