@@ -67,6 +67,7 @@ type Store struct {
 	scans     atomic.Int64         // scans this replica finished (sweep.go)
 	scanSoon  atomic.Bool          // the zone changed wholesale: the sweeper scans at its next tick
 	orphans   map[string]time.Time // the sweeper's: when it first found each orphan with an upstream cursor
+	idle      idleEnded            // the sweeper's: ended streams with nothing to do for a while (sweep.go)
 	admitting admissions
 	reading   sync.Map              // *reader -> its iterator, while its consumer runs
 	kvStreams sync.Map              // bucket -> the stream under it (tidy purges markers there)

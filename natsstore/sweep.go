@@ -3,6 +3,7 @@ package natsstore
 import (
 	"context"
 	"errors"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -98,7 +99,65 @@ const scanLoadTimeout = 30 * time.Second
 // endedStream is an ended request stream, for retiring.
 type endedStream struct {
 	key   string
+	rev   uint64 // its record's
 	ended int64
+}
+
+// idleEnded are the ended streams whose records, as last judged, had
+// nothing to evict and could not retire until the event at their floor,
+// delivered at a known time, is a window old (or until the record changes):
+// the sweeper passes them by until then. Without it every sweep judged
+// every ended stream a session held, a call's 240 times in a 2-minute
+// window, and sorted them all. Only the sweeping goroutine uses it.
+type idleEnded struct {
+	by   map[string]*idleRecord
+	pass uint64 // the sweep under way
+}
+
+type idleRecord struct {
+	rev       uint64 // the revision judged: any write makes it due again
+	delivered int64  // the floor's delivery, unix nanos (math.MaxInt64: none)
+	pass      uint64 // the last sweep that found it
+}
+
+// skip reports whether e may be passed by at now (keeping its entry).
+func (in *idleEnded) skip(e endedStream, now time.Time, window time.Duration) bool {
+	r := in.by[e.key]
+	if r == nil || r.rev != e.rev || r.delivered != math.MaxInt64 && now.UnixNano()-r.delivered >= int64(window) {
+		return false
+	}
+	r.pass = in.pass
+	return true
+}
+
+// note records that rec, at revision rev, holds events of which none may
+// go now, and no client reads it: none may until its floor's event is a
+// window old, or the record changes.
+func (in *idleEnded) note(key string, rev uint64, rec *streamRecord) {
+	if in.by == nil {
+		in.by = make(map[string]*idleRecord)
+	}
+	delivered := int64(math.MaxInt64)
+	for _, d := range rec.Deliveries {
+		if d.Seq >= rec.Floor {
+			delivered = d.At
+			break
+		}
+	}
+	if r := in.by[key]; r != nil {
+		*r = idleRecord{rev: rev, delivered: delivered, pass: in.pass}
+		return
+	}
+	in.by[key] = &idleRecord{rev: rev, delivered: delivered, pass: in.pass}
+}
+
+// forget drops the entries the sweep that ends did not find.
+func (in *idleEnded) forget() {
+	for k, r := range in.by {
+		if r.pass != in.pass {
+			delete(in.by, k)
+		}
+	}
 }
 
 // sweep evicts what has become evictable, retires spent stream records,
@@ -121,7 +180,9 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 	// Orphans waiting for a takeover, since: found by the scans only (see
 	// below), so only a scan makes the set anew.
 	orphans := make(map[string]time.Time)
-	st.streams.each(func(key string, rec *streamRecord, _ uint64) {
+	st.idle.pass++
+	defer st.idle.forget()
+	st.streams.each(func(key string, rec *streamRecord, rev uint64) {
 		if !in(key) {
 			return
 		}
@@ -140,7 +201,7 @@ func (st *Store) sweep(now time.Time, served map[string]bool) {
 			connected[inc] = true
 		}
 		if rec.Kind == policy.RequestStream && rec.State != policy.Live {
-			ended[inc] = append(ended[inc], endedStream{key, rec.Ended}) // evicted by retire
+			ended[inc] = append(ended[inc], endedStream{key, rev, rec.Ended}) // evicted by retire
 			return
 		}
 		if st.evictable(rec, now) >= rec.Floor {
@@ -201,27 +262,38 @@ func (st *Store) incarnationHeld(inc string) bool {
 // retire evicts what ended streams may lose now, and drops the records of
 // those beyond EndedStreamsKept that then hold nothing a client could
 // still get, oldest first. A record that goes takes its events with it:
-// one delete and one purge, no floor moved first.
+// one delete and one purge, no floor moved first. Streams judged idle
+// (st.idle) are passed by: they cannot retire either.
 func (st *Store) retire(list []endedStream, now time.Time) {
 	excess := len(list) - buffer.EndedStreamsKept
+	window := st.Limits().ResumeWindow
+	due := list[:0]
+	for _, e := range list {
+		if !st.idle.skip(e, now, window) {
+			due = append(due, e)
+		}
+	}
 	if excess > 0 {
-		sort.Slice(list, func(i, j int) bool {
-			if list[i].ended != list[j].ended {
-				return list[i].ended < list[j].ended
+		sort.Slice(due, func(i, j int) bool {
+			if due[i].ended != due[j].ended {
+				return due[i].ended < due[j].ended
 			}
-			return keyNum(list[i].key) < keyNum(list[j].key)
+			return keyNum(due[i].key) < keyNum(due[j].key)
 		})
 	}
 	ctx, cancel := st.opCtx()
 	defer cancel()
-	for _, e := range list {
+	for _, e := range due {
 		rec, rev, ok := st.streams.get(e.key)
 		if !ok {
 			continue
 		}
 		if excess <= 0 || !st.retirable(rec, now) {
-			if st.evictable(rec, now) >= rec.Floor {
+			switch {
+			case st.evictable(rec, now) >= rec.Floor:
 				st.evict(e.key, now)
+			case rec.Reader == nil && rec.Floor <= rec.Head:
+				st.idle.note(e.key, rev, rec)
 			}
 			continue
 		}
