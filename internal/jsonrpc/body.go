@@ -120,25 +120,33 @@ func (m members) call(method func([]byte) (string, error)) (Call, error) {
 }
 
 // protocolVersionParam is params.protocolVersion of an initialize request.
-func protocolVersionParam(params []byte) string {
-	var p struct {
-		ProtocolVersion string `json:"protocolVersion"`
-	}
-	_ = json.Unmarshal(params, &p)
-	return p.ProtocolVersion
-}
+func protocolVersionParam(params []byte) string { return stringMember(params, "protocolVersion") }
 
 // ProtocolVersionOf returns result.protocolVersion of an initialize response.
 func ProtocolVersionOf(response []byte) string {
-	var m struct {
-		Result struct {
-			ProtocolVersion string `json:"protocolVersion"`
-		} `json:"result"`
+	return stringMember(member(response, "result"), "protocolVersion")
+}
+
+// member is obj's member name as the SDKs read it: the name matched
+// exactly, the last of duplicates winning. (encoding/json's struct
+// decoding matches names case-insensitively and keeps the last match: a
+// "ProtocolVersion" after "protocolVersion" once made the proxy see
+// another version than the upstream did, review 50.)
+func member(obj []byte, name string) json.RawMessage {
+	var mm map[string]json.RawMessage
+	if json.Unmarshal(obj, &mm) != nil {
+		return nil
 	}
-	if json.Unmarshal(response, &m) != nil {
+	return mm[name]
+}
+
+// stringMember is obj's member name if it is a string, else "".
+func stringMember(obj []byte, name string) string {
+	var v string
+	if json.Unmarshal(member(obj, name), &v) != nil {
 		return ""
 	}
-	return m.Result.ProtocolVersion
+	return v
 }
 
 // Error codes the proxy uses, inside JSON-RPC's implementation-defined server

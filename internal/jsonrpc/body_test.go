@@ -31,6 +31,13 @@ func TestParseBody(t *testing.T) {
 			[]Call{{Kind: Request, Method: "initialize", ID: json.RawMessage(`0`), ProtocolVersion: "2025-06-18"}}, nil},
 		{"initialize without params", `{"jsonrpc":"2.0","id":0,"method":"initialize"}`, false,
 			[]Call{{Kind: Request, Method: "initialize", ID: json.RawMessage(`0`)}}, nil},
+		// The name matched exactly, the last duplicate winning, as the
+		// SDKs read it (review 50: a case variant after the real one made
+		// the proxy see "1.0" where the upstream saw 2025-11-25).
+		{"initialize with a case variant", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","ProtocolVersion":"1.0"}}`, false,
+			[]Call{{Kind: Request, Method: "initialize", ID: json.RawMessage(`0`), ProtocolVersion: "2025-11-25"}}, nil},
+		{"initialize with duplicates", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"1.0","\u0070rotocolVersion":"2025-06-18"}}`, false,
+			[]Call{{Kind: Request, Method: "initialize", ID: json.RawMessage(`0`), ProtocolVersion: "2025-06-18"}}, nil},
 		{"protocolVersion only read for initialize", `{"jsonrpc":"2.0","id":0,"method":"x","params":{"protocolVersion":"2025-06-18"}}`, false,
 			[]Call{{Kind: Request, Method: "x", ID: json.RawMessage(`0`)}}, nil},
 		{"batch", `[{"jsonrpc":"2.0","id":1,"method":"a"},{"jsonrpc":"2.0","method":"b"},{"jsonrpc":"2.0","id":"z","result":1}]`, true,
@@ -75,6 +82,7 @@ func TestProtocolVersionOf(t *testing.T) {
 		`{"jsonrpc":"2.0","id":0,"error":{"code":1,"message":"x"}}`:                            "",
 		`not json`:                         "",
 		`{"result":{"protocolVersion":5}}`: "",
+		`{"result":{"protocolVersion":"2025-06-18","PROTOCOLVERSION":"1.0"}}`: "2025-06-18",
 	} {
 		if got := ProtocolVersionOf([]byte(in)); got != want {
 			t.Errorf("ProtocolVersionOf(%s) = %q, want %q", in, got, want)
