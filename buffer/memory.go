@@ -134,7 +134,7 @@ func (st *MemoryStore) sweep() {
 			st.Delete(s.id, policy.ReasonExpired)
 			continue
 		}
-		due = s.dueStreams(due[:0], now.UnixNano())
+		due = s.dueStreams(due[:0], now.UnixNano(), lim.ResumeWindow)
 		for _, str := range due {
 			str.evict(now, lim.ResumeWindow)
 		}
@@ -172,15 +172,8 @@ func (st *MemoryStore) Limits() Limits {
 // SetLimits implements Store.
 func (st *MemoryStore) SetLimits(l Limits) {
 	st.mu.Lock()
-	window := st.limits.ResumeWindow
 	st.limits = l
 	st.mu.Unlock()
-	if l.ResumeWindow != window {
-		// What each stream's next eviction was computed with changed.
-		for _, s := range st.snapshot() {
-			s.sweepAll()
-		}
-	}
 	st.budget.wake() // a bound may have grown, a stall deadline moved
 }
 

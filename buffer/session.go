@@ -99,30 +99,20 @@ func (s *memSession) NextStream() uint32 {
 	return s.nextStream
 }
 
-// dueStreams appends to dst the session's streams the sweeper has
-// something to evict from at now (in no order).
-func (s *memSession) dueStreams(dst []*memStream, now int64) []*memStream {
+// dueStreams appends to dst the session's streams the sweeper may find
+// something to evict in at now with window (in no order).
+func (s *memSession) dueStreams(dst []*memStream, now int64, window time.Duration) []*memStream {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.standalone.sweepDue(now) {
+	if s.standalone.sweepDue(now, window) {
 		dst = append(dst, s.standalone)
 	}
 	for _, str := range s.streams {
-		if str.sweepDue(now) {
+		if str.sweepDue(now, window) {
 			dst = append(dst, str)
 		}
 	}
 	return dst
-}
-
-// sweepAll makes the sweeper look at every stream of the session again.
-func (s *memSession) sweepAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.standalone.sweepAt.Store(0)
-	for _, str := range s.streams {
-		str.sweepAt.Store(0)
-	}
 }
 
 // streamList returns the session's streams, the standalone stream first.

@@ -23,16 +23,18 @@ type memStream struct {
 	attached  atomic.Bool   // a reader is attached (mirrors reader != nil for the budget)
 	opened    atomic.Bool   // a client or producer ever used it (request streams: always)
 	lastSent  atomic.Int64  // unix nanos of the last delivery, for the stall clock
-	// sweepAt is when the sweeper next has anything to evict here (unix
-	// nanos, the store's clock; math.MaxInt64: not until the stream
-	// changes), set by each eviction from what then heads the log. A
-	// reader attaching zeroes it, and every sweep looks at a stream while
-	// one is attached (its deliveries are what let events go), so the
-	// reader's leaving needs nothing; a changed window zeroes every
-	// stream's. Without it the sweeper visited every retained stream
-	// every interval: a call's stream 240 times in a 2-minute window,
-	// some 40 µs of CPU a call.
-	sweepAt atomic.Int64
+	// evictFrom tells the sweeper when the head of the log may go, as
+	// each eviction leaves it: a window after evictFrom, the head's
+	// delivery (unix nanos, the store's clock), judged with the window of
+	// the sweep that reads it; 0: at any sweep (a reader is attached: its
+	// deliveries are what let events go); math.MaxInt64: not until a
+	// reader attaches (which zeroes it) or an acknowledgement (ackLocked
+	// evicts on the spot). Without it the sweeper visited every retained
+	// stream every interval: a call's stream 240 times in a 2-minute
+	// window, some 40 µs of CPU a call. It holds no window: one computed
+	// with the window then was overwritten the old way by a sweep under
+	// way as a reload shortened it (review 51).
+	evictFrom atomic.Int64
 
 	bytes int64 // capacity held, guarded by store.budget.mu
 
@@ -402,31 +404,30 @@ func (s *memStream) evictLocked(now time.Time, window time.Duration) int64 {
 		s.sess.store.counters.EventsEvicted.Add(upTo - s.log.floor + 1)
 		freed = s.log.evict(upTo)
 	}
-	s.sweepAt.Store(s.nextSweepLocked(window))
+	s.evictFrom.Store(s.evictFromLocked())
 	return freed
 }
 
-// nextSweepLocked is when the head of the log may go, if nothing changes
-// meanwhile: with a reader attached, at any sweep; a delivered event, a
-// window after its delivery; an event neither delivered nor acknowledged,
-// not before a reader attaches (which zeroes sweepAt) or an
-// acknowledgement (ackLocked evicts on the spot).
-func (s *memStream) nextSweepLocked(window time.Duration) int64 {
+// evictFromLocked is evictFrom as the log stands.
+func (s *memStream) evictFromLocked() int64 {
 	if s.reader != nil {
 		return 0
 	}
 	if s.log.floor > s.log.head {
 		return math.MaxInt64
 	}
-	at := s.log.deliveredAt(s.log.floor)
-	if at == 0 {
-		return math.MaxInt64
+	if at := s.log.deliveredAt(s.log.floor); at != 0 {
+		return at
 	}
-	return at + int64(window)
+	return math.MaxInt64
 }
 
-// sweepDue reports whether the sweeper has something to evict here at now.
-func (s *memStream) sweepDue(now int64) bool { return now >= s.sweepAt.Load() }
+// sweepDue reports whether the sweeper may find something to evict here
+// at now with window.
+func (s *memStream) sweepDue(now int64, window time.Duration) bool {
+	from := s.evictFrom.Load()
+	return from == 0 || from != math.MaxInt64 && now-from >= int64(window)
+}
 
 // retirable reports whether an ended stream holds nothing a client could
 // still get: its record may go.
@@ -462,7 +463,7 @@ func (s *memStream) attachLocked(from uint64) (r, old *memReader, err error) {
 	r = &memReader{s: s, next: from, done: make(chan struct{}), notify: make(chan struct{}, 1)}
 	s.reader = r
 	s.attached.Store(true)
-	s.sweepAt.Store(0)
+	s.evictFrom.Store(0)
 	return r, old, nil
 }
 
