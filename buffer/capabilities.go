@@ -121,6 +121,28 @@ const TailKeep = 16
 // back at an eviction).
 func FieldsSum(fields []byte) uint64 { return xxhash.Sum64(fields) }
 
+// StreamLookup is a Session whose reads of a stream can fail (a shared
+// store out of reach): LookupStream tells a read that failed (an error)
+// from a stream the session does not have (nil, nil), which Stream reports
+// alike. A resume must not take a stream it could not read for one that
+// does not exist: its cursor would be refused 400 or given a gap (review
+// 50: a replica cut off from NATS refused a live call's resume with 400).
+type StreamLookup interface {
+	LookupStream(num uint32) (Stream, error)
+}
+
+// LookupStream is s's stream num: nil if it has none, an error if it could
+// not tell.
+func LookupStream(s Session, num uint32) (Stream, error) {
+	if l, ok := s.(StreamLookup); ok {
+		return l.LookupStream(num)
+	}
+	if str, ok := s.Stream(num); ok {
+		return str, nil
+	}
+	return nil, nil
+}
+
 // SessionLookup is a Store whose reads of a session can fail (a shared one
 // out of reach): LookupSession tells a read that failed (an error) from a
 // session the store does not hold (nil, nil), which Session reports alike.

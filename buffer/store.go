@@ -39,9 +39,12 @@ var (
 	ErrTooManySessions = errors.New("too many sessions")
 	ErrTooManyStreams  = errors.New("too many streams in this session")
 	ErrSessionGone     = errors.New("session is gone")
-	ErrStreamEnded     = errors.New("stream has ended")
-	ErrTakenOver       = errors.New("another connection took over the stream")
-	ErrBelowFloor      = errors.New("reader position is below the retained floor")
+	// ErrStreamGone: the stream's record went while Resume read it (a
+	// shared store retired it meanwhile); the session is still there.
+	ErrStreamGone  = errors.New("stream is gone")
+	ErrStreamEnded = errors.New("stream has ended")
+	ErrTakenOver   = errors.New("another connection took over the stream")
+	ErrBelowFloor  = errors.New("reader position is below the retained floor")
 	// ErrProducerGone ends a reader of the standalone stream that has caught
 	// up while no upstream response feeds the stream: its client should
 	// reconnect, which starts a new upstream GET. A reader of a request

@@ -274,21 +274,35 @@ func (s *session) newStream(ids []string, key [32]byte, attach bool) (*stream, *
 }
 
 func (s *session) Stream(num uint32) (buffer.Stream, bool) {
+	str, err := s.LookupStream(num)
+	return str, err == nil && str != nil
+}
+
+// LookupStream implements buffer.StreamLookup.
+func (s *session) LookupStream(num uint32) (buffer.Stream, error) {
 	if num == policy.StandaloneNum {
-		return s.Standalone(), true
+		return s.Standalone(), nil
 	}
 	key := streamKey(s.sh, s.epoch, num)
 	if _, _, ok := s.st.streams.get(key); !ok {
 		// Opened on another replica a moment ago, or retired.
 		ctx, cancel := context.WithTimeout(s.st.ctx, 2*time.Second)
-		_, _, ok = s.st.streams.lookup(ctx, key)
+		_, _, err := s.st.streams.lookupErr(ctx, key)
 		cancel()
-		if !ok {
-			return nil, false
+		switch {
+		case errors.Is(err, errNotFound):
+			return nil, nil
+		case err != nil:
+			s.st.fault(opStreamRead, err)
+			return nil, err
 		}
 	}
-	return s.stream(num, policy.RequestStream), true
+	return s.stream(num, policy.RequestStream), nil
 }
+
+// opStreamRead is the failed read of a stream record a resume named
+// (OnError's op).
+const opStreamRead = "stream_read"
 
 // StreamByKey implements buffer.Session: the latest stream of the request.
 func (s *session) StreamByKey(key [32]byte) (buffer.Stream, bool) {

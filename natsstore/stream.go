@@ -364,7 +364,10 @@ func (s *stream) Resume(ack uint64, decide func(policy.StreamView) policy.Resume
 		return nil
 	})
 	if errors.Is(err, errNotFound) {
-		return d, nil, buffer.ErrSessionGone // the session ended: its records are gone
+		if s.sess.goneInKV(ctx) {
+			return d, nil, buffer.ErrSessionGone // the session ended: its records are gone
+		}
+		return d, nil, buffer.ErrStreamGone // retired meanwhile (review 50)
 	}
 	if err != nil {
 		st.fault("resume", err)

@@ -66,7 +66,13 @@ func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
 		switch {
 		case !in.Cursor.Minted:
 		case cur.Epoch == sess.Epoch():
-			stream, _ = sess.Stream(cur.Stream)
+			var err error
+			if stream, err = buffer.LookupStream(sess, cur.Stream); err != nil {
+				// A shared store that could not read the stream: taken
+				// for none, the cursor would be refused or given a gap.
+				h.logger.Warn("resume refused: the shared store is unavailable", zap.String("session", sid), zap.Error(err))
+				return h.refuse(w, refuseUnavailable, to{sid: sid, lastID: lastID})
+			}
 		default: // an earlier incarnation of the session
 			if p, ok := sess.Past(cur.Epoch); ok {
 				in.Past = pastView(p, cur.Stream)
@@ -96,6 +102,11 @@ func (h *Engine) serveResume(w http.ResponseWriter, r *http.Request, next Next,
 			return policy.DecideResume(in)
 		})
 		switch {
+		case errors.Is(err, buffer.ErrStreamGone):
+			// Retired while this resume read it: decided as for a stream
+			// the session no longer has.
+			in.Stream = nil
+			d = policy.DecideResume(in)
 		case errors.Is(err, buffer.ErrSessionGone):
 			// The session ended meanwhile (a DELETE raced this resume):
 			// answer as for any ended session, from its tombstone.
