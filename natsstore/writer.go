@@ -574,7 +574,11 @@ func (w *writer) finish(state policy.StreamState, reason policy.Reason, signals 
 			}
 			return nil
 		}
-		if seq, err := st.publishAfter(msg, w.idBase()+".end", expect, giveUp, w.emptied); err == nil {
+		// Never stored into a subject emptied meanwhile: the end is
+		// recorded, so only its stream's whole eviction (or its session's
+		// end) empties it, and a marker stored after that purge outlived
+		// it, retirement included (review 50).
+		if seq, err := st.publishAfter(msg, w.idBase()+".end", expect, giveUp, nil); err == nil {
 			w.mu.Lock()
 			w.lastMsg = seq
 			w.mu.Unlock()
