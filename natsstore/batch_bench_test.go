@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,7 +52,6 @@ func jetStreamBatch(b *testing.B, batch bool) {
 	}
 	const workers = 32
 	value := make([]byte, 160)
-	var next atomic.Int64
 	var batches atomic.Int64
 	msg := func(subject string) *nats.Msg {
 		m := nats.NewMsg(subject)
@@ -100,34 +98,5 @@ func jetStreamBatch(b *testing.B, batch bool) {
 		}
 		return nil
 	}
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
-	b.ReportAllocs()
-	cpu0 := processCPU()
-	b.ResetTimer()
-	for wk := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					return
-				}
-				if err := call(wk, i); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	b.StopTimer()
-	select {
-	case err := <-errs:
-		b.Fatal(err)
-	default:
-	}
-	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+	runCalls(b, workers, call)
 }

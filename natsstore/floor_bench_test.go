@@ -83,7 +83,6 @@ func jetStreamFloor(b *testing.B, tcp bool, writes int) {
 	const workers = 32
 	record := make([]byte, 160) // a stream record's JSON is about this long
 	events := make([]byte, 300) // a progress notification and the result, as SSE
-	var next atomic.Int64
 	call := func(wk int, i int64) error {
 		key := fmt.Sprintf("s%d.e.%d", wk, i)
 		rev, err := kv.Create(ctx, key, record)
@@ -108,6 +107,14 @@ func jetStreamFloor(b *testing.B, tcp bool, writes int) {
 		}
 		return kv.Delete(ctx, lease, jetstream.LastRevision(lrev))
 	}
+	runCalls(b, workers, call)
+}
+
+// runCalls runs b.N calls from workers goroutines, call(worker, i) for i
+// from 1, and reports the process's CPU (client and server) and calls per
+// second.
+func runCalls(b *testing.B, workers int, call func(wk int, i int64) error) {
+	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
 	b.ReportAllocs()
