@@ -185,11 +185,13 @@ func (ho *handOff) pump(answered bool) {
 	}
 }
 
-// clientGone ends the relay the tap wrote for; ho.mu is held.
+// clientGone ends the relay the tap wrote for, cut as relay.handle cuts
+// for a client gone; ho.mu is held.
 func (ho *handOff) clientGone() {
 	ho.ended = true
 	ho.timer.Stop()
 	ho.rl.rd.Close()
+	ho.rl.cut()
 }
 
 // onQuiet hands the relay over once the upstream was quiet for a while.

@@ -176,7 +176,13 @@ func (rl *relay) handle(ctx context.Context, err error) bool {
 		rl.cut()
 		return false
 	case ctx.Err() != nil:
-		return false // the client is gone; the log keeps what it missed
+		// The client is gone, or it shut its side of the connection and
+		// still reads (net/http cancels the request either way): cut, as
+		// plain reverse_proxy aborts, never a clean end, which such a
+		// client would take for the call answered with nothing. The log
+		// keeps what it missed.
+		rl.cut()
+		return false
 	case errors.Is(err, buffer.ErrIdle):
 		return rl.write(sse.AppendComment(nil, "keepalive"))
 	case errors.Is(err, buffer.ErrTakenOver):
