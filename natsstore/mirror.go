@@ -67,6 +67,8 @@ type mirror[T any] struct {
 	// from a replica of an earlier version).
 	markerTTL time.Duration
 
+	turns keyTurns // this replica's updates of a key, one at a time
+
 	mu      sync.RWMutex
 	entries map[string]*entry[T]
 	// writing are this replica's writes under way, by key: a watch that
@@ -537,6 +539,10 @@ func (m *mirror[T]) update(ctx context.Context, key string, change func(*T) erro
 // whose outcome is unknown is looked for before the change is made again:
 // found, it is the write (made again, the change would apply twice).
 func (m *mirror[T]) updateThen(ctx context.Context, key string, change func(*T) error, done func(*T)) (*T, error) {
+	if err := m.turns.take(ctx, key); err != nil {
+		return nil, err
+	}
+	defer m.turns.done(key)
 	ambiguous := false
 	defer m.settle(key, &ambiguous)
 	m.mu.RLock()
