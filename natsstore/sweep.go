@@ -283,9 +283,15 @@ func (st *Store) retire(list []endedStream, now time.Time) {
 	}
 	ctx, cancel := st.opCtx()
 	defer cancel()
+	// A stream found gone, or whose remove meets its removal, counts as
+	// retired: another replica sweeping the session retired it (each
+	// judges the oldest beyond the kept number on its own mirror), and
+	// going on to the next one retired a few more between them than
+	// EndedStreamsKept.
 	for _, e := range due {
 		rec, rev, ok := st.streams.get(e.key)
 		if !ok {
+			excess--
 			continue
 		}
 		if excess <= 0 || !st.retirable(rec, now) {
@@ -300,6 +306,11 @@ func (st *Store) retire(list []endedStream, now time.Time) {
 		// Removed at the revision judged, so nothing (an attach, an
 		// acknowledgement undone) came between the judgement and the end.
 		if err := st.streams.remove(ctx, e.key, rev); err != nil {
+			if isWrongLast(err) {
+				if _, _, _, err := st.streams.readErr(ctx, e.key); errors.Is(err, errNotFound) {
+					excess--
+				}
+			}
 			continue
 		}
 		excess--
