@@ -400,7 +400,15 @@ func (h *Engine) relayWith(w http.ResponseWriter, r *http.Request, sess buffer.S
 	rl.replayUpTo = replayUpTo
 	rl.takeover = takeover
 	if len(pre) == 0 {
-		pre = sse.AppendComment(nil, "mcp-resume") // bytes at once: intermediaries release the headers
+		// Bytes at once, so intermediaries release the headers: for
+		// sessions that prime, the client's own position as an event ID
+		// (a priming event, as cut writes), so that a connection cut
+		// before the first event with an ID (a resume at head, or a
+		// replay still on its way from the store) leaves the client
+		// something to resume from. The Go SDK takes a stream that ends
+		// with no ID in it for the call lost ("request terminated
+		// without response"). Older versions get the comment.
+		pre = priming(sess.Meta().Version, sess.Epoch(), stream.Num(), rd.Next())
 	}
 	if !rl.write(pre) {
 		rd.Close()
