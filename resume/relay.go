@@ -201,6 +201,7 @@ func (rl *relay) handle(ctx context.Context, err error) bool {
 		// failure.
 		if rl.takeover != nil {
 			if !rl.paceTakeover(ctx) {
+				rl.cut() // the client went (or the process stops) meanwhile: as above
 				return false
 			}
 			if !rl.takeover() {
