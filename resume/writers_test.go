@@ -263,11 +263,13 @@ func TestRelay(t *testing.T) {
 	}
 	stream := eventid.Append(nil, sess.Epoch(), 1, 1)
 
-	// Resume from progress 1: the replay (2, 3), then keepalives while idle.
+	// Resume from progress 1: the client's position (a priming event), the
+	// replay (2, 3), then keepalives while idle.
 	a := resumeReq(t, srv.URL, string(stream))
 	defer a.Body.Close()
-	evs, _ := readSSE(t, a.Body, 2)
-	if len(evs) != 2 || !strings.Contains(evs[0].Data, `"progress":2`) || !strings.Contains(evs[1].Data, `"progress":3`) {
+	evs, _ := readSSE(t, a.Body, 3)
+	if len(evs) != 3 || evs[0] != (sseEvent{ID: string(stream)}) ||
+		!strings.Contains(evs[1].Data, `"progress":2`) || !strings.Contains(evs[2].Data, `"progress":3`) {
 		t.Fatalf("replay: %+v", evs)
 	}
 	br := bufio.NewReader(a.Body)
@@ -288,8 +290,9 @@ func TestRelay(t *testing.T) {
 	}
 	close(release)
 	evs, _ = readSSE(t, b.Body, 0)
-	if len(evs) != 1 || !strings.Contains(evs[0].Data, `"result"`) {
-		t.Fatalf("taken-over stream: %+v, want the result and the end", evs)
+	if len(evs) != 2 || evs[0] != (sseEvent{ID: string(eventid.Append(nil, sess.Epoch(), 1, 3))}) ||
+		!strings.Contains(evs[1].Data, `"result"`) {
+		t.Fatalf("taken-over stream: %+v, want its position, the result and the end", evs)
 	}
 }
 
@@ -328,10 +331,11 @@ func TestAPanickingUpstreamFailsItsStream(t *testing.T) {
 	}
 }
 
-// A relay the stopping process cuts before it wrote an event on its
-// connection (a resume at head) gives the client its own position first,
-// an ID with no data: a client that took a stream with no ID in it for the
-// call lost (the Go SDK) resumes again from it.
+// A resume of a 2025-11-25 stream starts with the client's own position
+// (a priming event), and a relay the stopping process cuts before it
+// wrote an event on its connection (a resume at head) gives it again, an
+// ID with no data: a client that took a stream with no ID in it for the
+// call lost (the Go SDK) resumes again from it, whenever the cut comes.
 func TestARelayCutByTheStopLeavesTheClientAnID(t *testing.T) {
 	t.Parallel()
 	h := testHandler(t)
@@ -348,10 +352,10 @@ func TestARelayCutByTheStopLeavesTheClientAnID(t *testing.T) {
 	resp := resumeReq(t, srv.URL, at) // at head
 	defer resp.Body.Close()
 	br := bufio.NewReader(resp.Body)
-	if line, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(line, ":") {
-		t.Fatalf("first line %q, %v: want the comment that releases the headers", line, err)
+	pre := make([]byte, len("id: "+at+"\ndata: \n\n"))
+	if _, err := io.ReadFull(br, pre); err != nil || string(pre) != "id: "+at+"\ndata: \n\n" {
+		t.Fatalf("the resume began with %q, %v: want a priming event at the client's position", pre, err)
 	}
-	br.ReadString('\n')
 	h.rt.Stop()
 	rest, _ := io.ReadAll(br)
 	if want := "id: " + at + "\n\n"; string(rest) != want {

@@ -158,6 +158,33 @@ func ReadEvents(body io.Reader, n int, timeout time.Duration) ([]Event, error) {
 	}
 }
 
+// AfterPosition returns the events of a resume from lastID without the
+// client's own position it begins with (a priming event at lastID, for
+// 2025-11-25 sessions): what it replays and relays.
+func AfterPosition(evs []Event, lastID string) []Event {
+	if len(evs) > 0 && evs[0].ID == lastID && evs[0].Data == "" {
+		return evs[1:]
+	}
+	return evs
+}
+
+// ReadResumed is ReadEvents for a resume from lastID: n events (0: to the
+// end) after the client's own position it may begin with (AfterPosition).
+func ReadResumed(body io.Reader, lastID string, n int, timeout time.Duration) ([]Event, error) {
+	first, err := ReadEvents(body, 1, timeout)
+	if err != nil || len(first) == 0 {
+		return first, err
+	}
+	if len(AfterPosition(first, lastID)) == 0 {
+		return ReadEvents(body, n, timeout)
+	}
+	if n == 1 {
+		return first, nil
+	}
+	rest, err := ReadEvents(body, max(n-1, 0), timeout)
+	return append(first, rest...), err
+}
+
 // oneByteReader reads a byte at a time: a bufio.Reader over it stops at the
 // line end it looks for instead of reading ahead.
 type oneByteReader struct{ r io.Reader }

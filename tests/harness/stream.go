@@ -278,9 +278,12 @@ func (tr *Tracker) Take(ev mcptest.Event, requestID int) error {
 	if err != nil {
 		return err
 	}
-	if ev.Data == "" { // priming event (2025-11-25): the position before seq 1
-		if id.Seq != 0 || tr.Events > 0 {
-			return fmt.Errorf("empty event %q not at seq 0", ev.ID)
+	if ev.Data == "" {
+		// A priming event (2025-11-25): the position before seq 1 at the
+		// stream's start, the client's own at a resume's; it never moves
+		// the cursor.
+		if id.Seq != tr.LastSeq {
+			return fmt.Errorf("empty event %q not at the client's position (seq %d)", ev.ID, tr.LastSeq)
 		}
 		tr.LastID = ev.ID
 		return nil

@@ -58,7 +58,7 @@ func TestMetricsResumeOutcomes(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("resume: %d", resp.StatusCode)
 	}
-	wantIDs(t, harness.ReadEvents(t, resp, 0), epoch, 1, 2, 3, 4)
+	wantIDs(t, mcptest.AfterPosition(harness.ReadEvents(t, resp, 0), eid(epoch, 1, 1)), epoch, 1, 2, 3, 4)
 	resp.Body.Close()
 
 	// At head: nothing to replay; the stream is complete, so 204 says
@@ -179,7 +179,7 @@ func TestMetricsSurviveReload(t *testing.T) {
 	evs := cl.CallToEnd(1, "count", map[string]any{"n": 2, "interval_ms": 0})
 	epoch := epochOf(t, evs[0].ID)
 	resp := cl.Resume(eid(epoch, 1, 1))
-	wantIDs(t, harness.ReadEvents(t, resp, 0), epoch, 1, 2, 3)
+	wantIDs(t, mcptest.AfterPosition(harness.ReadEvents(t, resp, 0), eid(epoch, 1, 1)), epoch, 1, 2, 3)
 	resp.Body.Close()
 	before := scrapeBoth(t, c)
 

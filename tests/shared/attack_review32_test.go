@@ -170,7 +170,7 @@ func TestReview32SecondCredentialWhileCutAndAfter(t *testing.T) {
 				time.Sleep(200 * time.Millisecond)
 				continue
 			}
-			got, _ = mcptest.ReadEvents(resp.Body, 5, 5*time.Second)
+			got, _ = mcptest.ReadResumed(resp.Body, cursor, 5, 5*time.Second)
 			resp.Body.Close()
 			cancel()
 			break
