@@ -56,6 +56,9 @@ type relay struct {
 	// try again at once.
 	tookOverAt    time.Time
 	takeoverPause time.Duration
+	// headersBy, if set, bounds the first wait for events, which the
+	// response's headers wait for (see relayWith).
+	headersBy time.Duration
 }
 
 // Bounds of the pause between two takeover attempts of one relay.
@@ -119,8 +122,13 @@ func (rl *relay) run(ctx context.Context) {
 	defer cancel()
 	defer context.AfterFunc(rl.h.rt.stopCtx, cancel)()
 	idle := time.Duration(rl.h.Keepalive)
+	wait := idle
+	if rl.headersBy > 0 {
+		wait = min(rl.headersBy, idle)
+	}
 	for {
-		b, err := rl.rd.Read(ctx, rl.dst, relayBatch, idle)
+		b, err := rl.rd.Read(ctx, rl.dst, relayBatch, wait)
+		wait = idle
 		if len(b.Data) > 0 && !rl.deliver(b, true) {
 			return
 		}
@@ -400,24 +408,37 @@ func (h *Engine) relayWith(w http.ResponseWriter, r *http.Request, sess buffer.S
 	rl := h.newRelay(w, sess, stream, rd)
 	rl.replayUpTo = replayUpTo
 	rl.takeover = takeover
-	if len(pre) == 0 {
-		// Bytes at once, so intermediaries release the headers: for
-		// sessions that prime, the client's own position as an event ID
-		// (a priming event, as cut writes), so that a connection cut
-		// before the first event with an ID (a resume at head, or a
-		// replay still on its way from the store) leaves the client
-		// something to resume from. The Go SDK takes a stream that ends
-		// with no ID in it for the call lost ("request terminated
-		// without response"). Older versions get the comment.
+	switch {
+	case len(pre) > 0:
+	case primes(sess.Meta().Version):
+		// Bytes at once, so intermediaries release the headers: the
+		// client's own position as an event ID (a priming event, as cut
+		// writes), so that a connection cut before the first event with
+		// an ID (a resume at head, or a replay still on its way from the
+		// store) leaves the client something to resume from. The Go SDK
+		// takes a stream that ends with no ID in it for the call lost
+		// ("request terminated without response").
 		pre = priming(sess.Meta().Version, sess.Epoch(), stream.Num(), rd.Next())
+	default:
+		// Older versions get no event without data: the headers wait for
+		// the first events (a replay is ready in a moment; a JetStream
+		// reader's first read takes milliseconds), so a cut before them
+		// is a request failed, which the client makes again, not a
+		// stream ended with no ID in it. With nothing within headersHeld,
+		// a keep-alive comment takes them.
+		rl.headersBy = headersHeld
 	}
-	if !rl.write(pre) {
+	if len(pre) > 0 && !rl.write(pre) {
 		rd.Close()
 		return nil
 	}
 	rl.run(r.Context())
 	return nil
 }
+
+// headersHeld bounds how long an older version's resume holds its
+// response's headers for its first events (relayWith).
+const headersHeld = 250 * time.Millisecond
 
 // primes reports whether a session's streams start with a priming event:
 // only from 2025-11-25 on, since older clients may choke on empty data.

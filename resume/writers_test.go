@@ -362,3 +362,38 @@ func TestARelayCutByTheStopLeavesTheClientAnID(t *testing.T) {
 		t.Fatalf("after the stop the client got %q, want %q", rest, want)
 	}
 }
+
+// An older version's resume (its clients may get no event without data)
+// sends its headers with its first replayed event, so a cut before it is
+// a failed request the client makes again; a resume at head gets them
+// with a keep-alive comment once headersHeld has passed.
+func TestAnOlderVersionsResumeHoldsItsHeadersForItsFirstEvents(t *testing.T) {
+	t.Parallel()
+	h := testHandler(t)
+	sess := newSession(t, h, "2025-06-18")
+	str, err := sess.NewStream([]string{`1`}, [32]byte{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: {}\n")}); err != nil {
+		t.Fatal(err)
+	}
+	srv := relayServer(t, h, &upstream{})
+	first := func(lastID string) (string, time.Duration) {
+		began := time.Now()
+		resp := resumeReq(t, srv.URL, lastID)
+		defer resp.Body.Close()
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		return line, time.Since(began)
+	}
+	if line, _ := first(string(eventid.Append(nil, sess.Epoch(), 1, 0))); line != "id: "+string(eventid.Append(nil, sess.Epoch(), 1, 1))+"\n" {
+		t.Fatalf("a replay began with %q, want its first event", line)
+	}
+	line, took := first(string(eventid.Append(nil, sess.Epoch(), 1, 1)))
+	if !strings.HasPrefix(line, ":") || took < headersHeld {
+		t.Fatalf("a resume at head began with %q after %v, want a comment after %v", line, took, headersHeld)
+	}
+}
