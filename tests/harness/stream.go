@@ -218,6 +218,7 @@ type Tracker struct {
 	Gaps     []mcptest.Gap
 	Lost     int      // sum of the gaps' lost counts
 	Warnings []string // notifications/message without an id (sent with a gap)
+	primed   bool     // the stream began with a priming event (2025-11-25)
 }
 
 // Position parses an event id of the tracked stream (the first one
@@ -279,10 +280,15 @@ func (tr *Tracker) Take(ev mcptest.Event, requestID int) error {
 		return err
 	}
 	if ev.Data == "" {
-		// A priming event (2025-11-25): the position before seq 1 at the
-		// stream's start, the client's own at a resume's; it never moves
-		// the cursor.
-		if id.Seq != tr.LastSeq {
+		// A priming event: the position before seq 1 at the start of a
+		// 2025-11-25 stream, and then the client's own at each resume's;
+		// it never moves the cursor. Older versions get none at all.
+		switch {
+		case id.Seq == 0 && tr.LastSeq == 0 && tr.Events == 0:
+			tr.primed = true
+		case !tr.primed:
+			return fmt.Errorf("empty event %q on a stream that did not begin with a priming event", ev.ID)
+		case id.Seq != tr.LastSeq:
 			return fmt.Errorf("empty event %q not at the client's position (seq %d)", ev.ID, tr.LastSeq)
 		}
 		tr.LastID = ev.ID
