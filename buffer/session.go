@@ -185,16 +185,16 @@ func (s *memSession) streamEnded(str *memStream) {
 	s.mu.Unlock()
 }
 
-// retire drops the records of ended streams beyond EndedStreamsKept that
-// hold nothing a client could still get, oldest first.
+// retire drops the records of ended streams with EndedStreamsKept or more
+// ended after them that hold nothing a client could still get: never one
+// of the newest EndedStreamsKept, also while an older one cannot go yet.
 func (s *memSession) retire() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	keep := s.ended[:0]
-	excess := len(s.ended) - EndedStreamsKept
-	for _, str := range s.ended {
-		if excess > 0 && str.retirable() {
-			excess--
+	mayRetire := len(s.ended) - EndedStreamsKept // s.ended is in end order
+	for i, str := range s.ended {
+		if i < mayRetire && str.retirable() {
 			delete(s.streams, str.num)
 			if s.byKey[str.key] == str {
 				delete(s.byKey, str.key)

@@ -11,11 +11,10 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
-// Two replicas sweeping one session at once judge "the oldest beyond
-// EndedStreamsKept" each on its own mirror. One finding a stream it meant
-// to retire already gone (the other retired it: its mirror shows the
-// removal, or its remove meets the other's first) must count it retired,
-// not go on to the next: between them they retired a few more than
+// Two replicas sweeping one session at once each judge on their own
+// mirror which ended streams may retire. One whose list or mirror is from
+// before the other's retirements must not go on to retire newer ones in
+// their place: between them they retired a few more than the excess over
 // EndedStreamsKept, and a late resume of one of the newest kept streams got
 // a gap without its requests' IDs where it was owed a precise answer.
 func TestTwoSweepsRetireNoMoreThanTheExcess(t *testing.T) {

@@ -260,20 +260,32 @@ func (st *Store) incarnationHeld(inc string) bool {
 }
 
 // retire evicts what ended streams may lose now, and drops the records of
-// those beyond EndedStreamsKept that then hold nothing a client could
-// still get, oldest first. A record that goes takes its events with it:
-// one delete and one purge, no floor moved first. Streams judged idle
-// (st.idle) are passed by: they cannot retire either.
+// those with EndedStreamsKept or more ended after them that then hold
+// nothing a client could still get. A record that goes takes its events
+// with it: one delete and one purge, no floor moved first. Streams judged
+// idle (st.idle) are passed by: they cannot retire either.
+//
+// Which may retire is judged by rank, not by counting an excess down: in
+// end order, the one at i has len-1-i ended after it as this replica sees
+// them. A view that lags another replica's lacks streams that ended since,
+// or holds ones the other retired, each with EndedStreamsKept ended after
+// it: so no replica retires one of the newest EndedStreamsKept, whatever
+// the others do meanwhile. (Each counting its own excess, two replicas
+// sweeping a session together retired up to twice it; with an older
+// stream not yet retirable, a newer one went in its place.)
 func (st *Store) retire(list []endedStream, now time.Time) {
-	excess := len(list) - buffer.EndedStreamsKept
+	mayRetire := len(list) - buffer.EndedStreamsKept // the oldest mayRetire
 	window := st.Limits().ResumeWindow
 	due := list[:0]
+	idleFrom := int64(math.MaxInt64) // the earliest end among those passed by
 	for _, e := range list {
-		if !st.idle.skip(e, now, window) {
+		if st.idle.skip(e, now, window) {
+			idleFrom = min(idleFrom, e.ended)
+		} else {
 			due = append(due, e)
 		}
 	}
-	if excess > 0 {
+	if mayRetire > 0 {
 		sort.Slice(due, func(i, j int) bool {
 			if due[i].ended != due[j].ended {
 				return due[i].ended < due[j].ended
@@ -283,18 +295,20 @@ func (st *Store) retire(list []endedStream, now time.Time) {
 	}
 	ctx, cancel := st.opCtx()
 	defer cancel()
-	// A stream found gone, or whose remove meets its removal, counts as
-	// retired: another replica sweeping the session retired it (each
-	// judges the oldest beyond the kept number on its own mirror), and
-	// going on to the next one retired a few more between them than
-	// EndedStreamsKept.
-	for _, e := range due {
+	for i, e := range due {
+		// Its rank in the whole list is i when none passed by ended
+		// before it (those are mostly the newest: sorting them too cost
+		// every sweep what passing them by saves); else it waits until
+		// they are due.
+		rank := i
+		if e.ended >= idleFrom {
+			rank = len(list)
+		}
 		rec, rev, ok := st.streams.get(e.key)
 		if !ok {
-			excess--
 			continue
 		}
-		if excess <= 0 || !st.retirable(rec, now) {
+		if rank >= mayRetire || !st.retirable(rec, now) {
 			switch {
 			case st.evictable(rec, now) >= rec.Floor:
 				st.evict(e.key, now)
@@ -306,14 +320,8 @@ func (st *Store) retire(list []endedStream, now time.Time) {
 		// Removed at the revision judged, so nothing (an attach, an
 		// acknowledgement undone) came between the judgement and the end.
 		if err := st.streams.remove(ctx, e.key, rev); err != nil {
-			if isWrongLast(err) {
-				if _, _, _, err := st.streams.readErr(ctx, e.key); errors.Is(err, errNotFound) {
-					excess--
-				}
-			}
 			continue
 		}
-		excess--
 		if rec.Head >= rec.Floor {
 			st.counters.EventsEvicted.Add(rec.Head - rec.Floor + 1)
 		}

@@ -21,6 +21,7 @@ var sessionContracts = []contract{
 	{"RebindCredential", testRebind},
 	{"IdleExpiry", testIdleExpiry},
 	{"EndedStreamsRetire", testEndedStreamsRetire},
+	{"NewestEndedStreamsStayWhileAnOlderCannotGo", testNewestEndedStreamsStay},
 	{"StreamLookup", testLookups},
 }
 
@@ -398,6 +399,51 @@ func testEndedStreamsRetire(t *testing.T, e *env) {
 		t.Fatal("retiring must not reuse stream numbers")
 	}
 	WaitFor(t, "the bytes to go", func() bool { return st.Stats().RetainedBytes == 0 })
+}
+
+// The newest EndedStreamsKept ended streams stay while an older one cannot
+// go yet (a client reads it, its event not yet delivered): none of them
+// goes in its place, so a late resume of any of them gets its precise
+// answer. The older one goes once it can.
+func testNewestEndedStreamsStay(t *testing.T, e *env) {
+	st := e.store(windowLimits())
+	s := MustSession(t, st, "s1")
+	const calls = buffer.EndedStreamsKept + 3
+	for i := 0; i < calls; i++ {
+		str := MustStream(t, s, fmt.Sprint(i))
+		if _, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(Payload(1, EvSize)), Answers: []string{fmt.Sprint(i)}}); err != nil {
+			t.Fatal(err)
+		}
+		str.Complete()
+		if i > 0 {
+			DeliverAndClose(t, str, 1)
+		}
+	}
+	first, ok := s.Stream(1)
+	if !ok {
+		t.Fatal("no stream 1")
+	}
+	rd, err := first.Attach(1) // its client reads it: it cannot go
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := func(num uint32) bool { _, ok := s.Stream(num); return ok }
+	WaitFor(t, "streams 2 and 3 to retire", func() bool { return !held(2) && !held(3) })
+	time.Sleep(3 * window) // sweeps enough for a wrong one to go
+	for num := uint32(4); num <= calls; num++ {
+		if !held(num) {
+			t.Fatalf("stream %d, one of the newest %d ended, retired while stream 1 could not go", num, buffer.EndedStreamsKept)
+		}
+	}
+	if !held(1) {
+		t.Fatal("stream 1 retired under its reader")
+	}
+	rd.Close()
+	DeliverAndClose(t, first, 1) // its client has it all now
+	WaitFor(t, "stream 1 to retire once delivered", func() bool { return !held(1) })
+	if !held(4) {
+		t.Fatal("stream 4 retired with stream 1")
+	}
 }
 
 func testLookups(t *testing.T, e *env) {
