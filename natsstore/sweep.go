@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -277,10 +278,12 @@ func (st *Store) retire(list []endedStream, now time.Time) {
 	mayRetire := len(list) - buffer.EndedStreamsKept // the oldest mayRetire
 	window := st.Limits().ResumeWindow
 	due := list[:0]
-	idleFrom := int64(math.MaxInt64) // the earliest end among those passed by
+	var passed []int64 // the ends of those passed by
 	for _, e := range list {
 		if st.idle.skip(e, now, window) {
-			idleFrom = min(idleFrom, e.ended)
+			if mayRetire > 0 {
+				passed = append(passed, e.ended)
+			}
 		} else {
 			due = append(due, e)
 		}
@@ -293,22 +296,26 @@ func (st *Store) retire(list []endedStream, now time.Time) {
 			return keyNum(due[i].key) < keyNum(due[j].key)
 		})
 	}
+	// rank is a due stream's rank in the whole list: the due before it, and
+	// the passed-by that did not end after it (one that ended at the same
+	// moment counts as before: when unsure, keep). Their ends are sorted
+	// when first needed, as plain numbers.
+	sorted := false
+	rank := func(i int, e endedStream) int {
+		if !sorted {
+			slices.Sort(passed)
+			sorted = true
+		}
+		return i + sort.Search(len(passed), func(j int) bool { return passed[j] > e.ended })
+	}
 	ctx, cancel := st.opCtx()
 	defer cancel()
 	for i, e := range due {
-		// Its rank in the whole list is i when none passed by ended
-		// before it (those are mostly the newest: sorting them too cost
-		// every sweep what passing them by saves); else it waits until
-		// they are due.
-		rank := i
-		if e.ended >= idleFrom {
-			rank = len(list)
-		}
 		rec, rev, ok := st.streams.get(e.key)
 		if !ok {
 			continue
 		}
-		if rank >= mayRetire || !st.retirable(rec, now) {
+		if mayRetire <= 0 || !st.retirable(rec, now) || rank(i, e) >= mayRetire {
 			switch {
 			case st.evictable(rec, now) >= rec.Floor:
 				st.evict(e.key, now)
