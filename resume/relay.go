@@ -56,9 +56,10 @@ type relay struct {
 	// try again at once.
 	tookOverAt    time.Time
 	takeoverPause time.Duration
-	// headersBy, if set, bounds the first wait for events, which the
-	// response's headers wait for (see relayWith).
-	headersBy time.Duration
+	// headersHeld: the response's headers wait for its first bytes (an
+	// older version's resume of a request stream, see relayWith): no
+	// keep-alive goes meanwhile, and a cut then sends none.
+	headersHeld bool
 }
 
 // Bounds of the pause between two takeover attempts of one relay.
@@ -105,6 +106,7 @@ func (rl *relay) put(b ...[]byte) bool {
 		if _, err := rl.w.Write(p); err != nil {
 			return false
 		}
+		rl.headersHeld = false // they went with it
 	}
 	return true
 }
@@ -122,13 +124,8 @@ func (rl *relay) run(ctx context.Context) {
 	defer cancel()
 	defer context.AfterFunc(rl.h.rt.stopCtx, cancel)()
 	idle := time.Duration(rl.h.Keepalive)
-	wait := idle
-	if rl.headersBy > 0 {
-		wait = min(rl.headersBy, idle)
-	}
 	for {
-		b, err := rl.rd.Read(ctx, rl.dst, relayBatch, wait)
-		wait = idle
+		b, err := rl.rd.Read(ctx, rl.dst, relayBatch, idle)
 		if len(b.Data) > 0 && !rl.deliver(b, true) {
 			return
 		}
@@ -192,7 +189,7 @@ func (rl *relay) handle(ctx context.Context, err error) bool {
 		rl.cut()
 		return false
 	case errors.Is(err, buffer.ErrIdle):
-		return rl.write(sse.AppendComment(nil, "keepalive"))
+		return rl.headersHeld || rl.write(sse.AppendComment(nil, "keepalive"))
 	case errors.Is(err, buffer.ErrTakenOver):
 		abortClient(rl.w)
 		return false
@@ -244,6 +241,10 @@ func (rl *relay) handle(ctx context.Context, err error) bool {
 // without data anywhere (some parsers dispatch one, and their clients fail
 // on its empty data).
 func (rl *relay) cut() {
+	if rl.headersHeld {
+		abortClient(rl.w) // no headers: a request failed, made again
+		return
+	}
 	rl.rc.Flush() // what the tap wrote to go out with the response's end (handoff.go)
 	if !rl.wroteEvents && primes(rl.sess.Meta().Version) {
 		rl.write(sse.AppendID(nil, string(eventid.Append(nil, rl.sess.Epoch(), rl.stream.Num(), rl.delivered))), []byte("\n"))
@@ -404,7 +405,6 @@ func (h *Engine) relayTo(w http.ResponseWriter, r *http.Request, sess buffer.Ses
 func (h *Engine) relayWith(w http.ResponseWriter, r *http.Request, sess buffer.Session, stream buffer.Stream,
 	rd buffer.Reader, pre []byte, replayUpTo uint64, takeover func() bool) error {
 	prepareSSEHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
 	rl := h.newRelay(w, sess, stream, rd)
 	rl.replayUpTo = replayUpTo
 	rl.takeover = takeover
@@ -419,26 +419,30 @@ func (h *Engine) relayWith(w http.ResponseWriter, r *http.Request, sess buffer.S
 		// takes a stream that ends with no ID in it for the call lost
 		// ("request terminated without response").
 		pre = priming(sess.Meta().Version, sess.Epoch(), stream.Num(), rd.Next())
-	default:
+	case stream.Kind() == policy.RequestStream:
 		// Older versions get no event without data: the headers wait for
-		// the first events (a replay is ready in a moment; a JetStream
-		// reader's first read takes milliseconds), so a cut before them
-		// is a request failed, which the client makes again, not a
-		// stream ended with no ID in it. With nothing within headersHeld,
-		// a keep-alive comment takes them.
-		rl.headersBy = headersHeld
+		// the first events (a replay is ready in a moment; at head, the
+		// call's next event), and no keep-alive goes before them, so a
+		// cut until then (the network's, or the proxy's own) is a
+		// request failed, which the client makes again, not a stream
+		// ended with no ID in it. An idle connection an intermediary
+		// drops is such a cut.
+		rl.headersHeld = true
+	default:
+		// The standalone stream may be quiet for long: its headers go at
+		// once, and keep-alives keep its connection.
+		pre = sse.AppendComment(nil, "mcp-resume")
 	}
-	if len(pre) > 0 && !rl.write(pre) {
-		rd.Close()
-		return nil
+	if !rl.headersHeld {
+		w.WriteHeader(http.StatusOK)
+		if !rl.write(pre) {
+			rd.Close()
+			return nil
+		}
 	}
 	rl.run(r.Context())
 	return nil
 }
-
-// headersHeld bounds how long an older version's resume holds its
-// response's headers for its first events (relayWith).
-const headersHeld = 250 * time.Millisecond
 
 // primes reports whether a session's streams start with a priming event:
 // only from 2025-11-25 on, since older clients may choke on empty data.
