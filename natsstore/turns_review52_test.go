@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/mcpresume/caddy-mcp-resume/buffer"
 )
 
 // Many takers of a few keys, some whose contexts end while they wait (or
@@ -60,15 +58,7 @@ func TestKeyTurnsStressReview52(t *testing.T) {
 // later one gets the turn and writes on top of the first's outcome.
 func TestKeyTurnHeldByAHangingWriteReview52(t *testing.T) {
 	st := openEmbedded(t, testLimits())
-	sess, err := st.CreateSession("turns52", buffer.SessionMeta{Version: "2025-06-18"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	str, err := sess.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := str.(*stream).key
+	key := streamRecordKey(t, st, "turns52")
 	orig := st.streams.write
 	if orig == nil {
 		t.Fatal("the embedded store has no write hook to hang")
@@ -96,7 +86,7 @@ func TestKeyTurnHeldByAHangingWriteReview52(t *testing.T) {
 	<-entered
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	began := time.Now()
-	_, err = st.streams.update(ctx, key, func(r *streamRecord) error {
+	_, err := st.streams.update(ctx, key, func(r *streamRecord) error {
 		r.Tail = append(r.Tail, tailEntry{ID: "short"})
 		return nil
 	})

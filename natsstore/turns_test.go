@@ -17,15 +17,7 @@ import (
 func TestUpdatesOfAKeyFromOneReplicaTakeTurns(t *testing.T) {
 	st := openEmbedded(t, testLimits())
 	tap := newWiretap(t, st)
-	sess, err := st.CreateSession("turns", buffer.SessionMeta{Version: "2025-06-18"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	str, err := sess.NewStream([]string{"1"}, [32]byte{1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := str.(*stream).key
+	key := streamRecordKey(t, st, "turns")
 	tap.since()
 	const writers = 8
 	start := make(chan struct{})
@@ -104,4 +96,19 @@ func waitQueued(t *testing.T, k *keyTurns, key string, n int) {
 		}
 		return ok && len(tu.waiting) == n
 	})
+}
+
+// streamRecordKey opens session id on st with one request stream and
+// returns the key of its record.
+func streamRecordKey(t *testing.T, st *Store, id string) string {
+	t.Helper()
+	sess, err := st.CreateSession(id, buffer.SessionMeta{Version: "2025-06-18"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	str, err := sess.NewStream([]string{"1"}, [32]byte{1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return str.(*stream).key
 }

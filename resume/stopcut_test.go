@@ -1,13 +1,11 @@
 package resume
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/eventid"
 )
 
@@ -26,15 +24,7 @@ func TestAStopCutGivesOlderVersionsNoEmptyEvent(t *testing.T) {
 		t.Run(version, func(t *testing.T) {
 			t.Parallel()
 			h := testHandler(t)
-			sess := newSession(t, h, version)
-			str, err := sess.NewStream([]string{`1`}, [32]byte{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: {}\n")}); err != nil {
-				t.Fatal(err)
-			}
-			srv := relayServer(t, h, &upstream{})
+			sess, str, srv := oneEventStream(t, h, version)
 			at := string(eventid.Append(nil, sess.Epoch(), 1, 1)) // at head
 			r, _ := http.NewRequest("GET", srv.URL+"/mcp", nil)
 			r.Header.Set("Accept", "text/event-stream")

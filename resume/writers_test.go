@@ -339,15 +339,7 @@ func TestAPanickingUpstreamFailsItsStream(t *testing.T) {
 func TestARelayCutByTheStopLeavesTheClientAnID(t *testing.T) {
 	t.Parallel()
 	h := testHandler(t)
-	sess := newSession(t, h, "2025-11-25")
-	str, err := sess.NewStream([]string{`1`}, [32]byte{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: {}\n")}); err != nil {
-		t.Fatal(err)
-	}
-	srv := relayServer(t, h, &upstream{})
+	sess, _, srv := oneEventStream(t, h, "2025-11-25")
 	at := string(eventid.Append(nil, sess.Epoch(), 1, 1))
 	resp := resumeReq(t, srv.URL, at) // at head
 	defer resp.Body.Close()
@@ -372,15 +364,7 @@ func TestAnOlderVersionsResumeHoldsItsHeadersForItsFirstEvents(t *testing.T) {
 	t.Parallel()
 	h := testHandlerWith(t, Config{})
 	h.Keepalive = 50 * time.Millisecond
-	sess := newSession(t, h, "2025-06-18")
-	str, err := sess.NewStream([]string{`1`}, [32]byte{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: {}\n")}); err != nil {
-		t.Fatal(err)
-	}
-	srv := relayServer(t, h, &upstream{})
+	sess, str, srv := oneEventStream(t, h, "2025-06-18")
 	first := func(lastID string) (string, time.Duration) {
 		began := time.Now()
 		resp := resumeReq(t, srv.URL, lastID)
@@ -400,4 +384,19 @@ func TestAnOlderVersionsResumeHoldsItsHeadersForItsFirstEvents(t *testing.T) {
 	if want := "id: " + string(eventid.Append(nil, sess.Epoch(), 1, 2)) + "\n"; line != want || took < later {
 		t.Fatalf("a resume at head began with %q after %v, want %q after %v", line, took, want, later)
 	}
+}
+
+// oneEventStream opens session sess-1 at version with request stream 1
+// holding one event, and a server relaying h's resumes of it.
+func oneEventStream(t *testing.T, h *Engine, version string) (buffer.Session, buffer.Stream, *httptest.Server) {
+	t.Helper()
+	sess := newSession(t, h, version)
+	str, err := sess.NewStream([]string{`1`}, [32]byte{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: []byte("data: {}\n")}); err != nil {
+		t.Fatal(err)
+	}
+	return sess, str, relayServer(t, h, &upstream{})
 }
