@@ -145,6 +145,39 @@ func BenchmarkShortCall(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
 }
 
+// BenchmarkSessionChurn is the store's share of the bench's session churn:
+// a session created, one short call on it, and the session deleted, on an
+// embedded single node. CPU/op is the process's CPU per session, including
+// what the sweeper does meanwhile.
+func BenchmarkSessionChurn(b *testing.B) {
+	lim := testLimits()
+	lim.ResumeWindow = 200 * time.Millisecond
+	lim.SessionIdleTimeout = time.Hour
+	st := openEmbedded(b, lim, func(o *Options) { o.SweepInterval = 50 * time.Millisecond })
+	churn := func(i int) {
+		sess, err := st.CreateSession(fmt.Sprint("churn-", i), buffer.SessionMeta{Version: "2025-06-18"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		shortCall(b, sess, "1")
+		if !st.Delete(sess.ID(), policy.ReasonDeleted) {
+			b.Fatal("the session was not deleted")
+		}
+	}
+	for i := 0; i < 64; i++ {
+		churn(-1 - i)
+	}
+	b.ReportAllocs()
+	cpu0 := processCPU()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		churn(i)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e3, "cpu-µs/op")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "sessions/s")
+}
+
 // processCPU is the CPU time this process has used, in nanoseconds.
 func processCPU() int64 {
 	var ru syscall.Rusage

@@ -40,7 +40,7 @@ func TestATotalReadingKeepsWhatWasStoredMeanwhile(t *testing.T) {
 	}
 	stored(11, 20)
 	stored(21, 30)
-	st.total.settle(int64(info.State.Bytes), info.State.LastSeq)
+	st.total.settle(int64(info.State.Bytes), info.State.LastSeq, 0)
 	now, err := st.events.Info(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -59,7 +59,7 @@ func TestATotalReadingKeepsWhatWasStoredMeanwhile(t *testing.T) {
 		t.Fatalf("the total says %d bytes, JetStream holds %d", got, now.State.Bytes)
 	}
 	// A later reading counts them itself: nothing is counted twice.
-	st.total.settle(int64(now.State.Bytes), now.State.LastSeq)
+	st.total.settle(int64(now.State.Bytes), now.State.LastSeq, 0)
 	if got := st.total.get(st, time.Hour); got != int64(now.State.Bytes) {
 		t.Fatalf("after a reading that saw everything the total says %d, JetStream %d", got, now.State.Bytes)
 	}
@@ -155,7 +155,7 @@ func TestABatchIsNeverCountedTwice(t *testing.T) {
 			t.Fatal(err)
 		}
 		last := info.State.LastSeq
-		st.total.settle(int64(info.State.Bytes), last)
+		st.total.settle(int64(info.State.Bytes), last, 0)
 		time.Sleep(time.Millisecond)
 		st.total.mu.Lock()
 		var over int64
@@ -257,5 +257,60 @@ func TestTheTotalAfterTheEventsStreamIsRecreated(t *testing.T) {
 	t.Logf("5 s later: total %d, JetStream %d at last %d", got, info.State.Bytes, info.State.LastSeq)
 	if got > int64(info.State.Bytes)+1024 {
 		t.Errorf("5 s later the total says %d bytes, JetStream holds %d", got, info.State.Bytes)
+	}
+}
+
+// A purge leaves the total too high until the next reading. An append that
+// fits on it goes on without one: invalidating the total at each purge made
+// the next call's first append wait for a stream info request (0.14 of them
+// a call with eight sessions calling, one a session in churn). A blocked
+// append reads again once events were purged since its reading began, not
+// only once the reading is 100 ms old.
+func TestAPurgeMakesOnlyABlockedAppendReadTheTotalAgain(t *testing.T) {
+	t.Parallel()
+	lim := testLimits()
+	lim.ResumeWindow = 50 * time.Millisecond
+	st := openEmbedded(t, lim)
+	tap := newWiretap(t, st)
+	sess, err := st.CreateSession("freed", buffer.SessionMeta{Version: "2025-06-18"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shortCall(t, sess, "warm-up") // the first append's reading
+	for i := 0; i < 8; i++ {
+		id := string(rune('a' + i))
+		// The previous call's events go: a floor move and its purge.
+		evicted := st.Counters().EventsEvicted.Load()
+		waitUntil(t, "the last call's eviction", 10*time.Second, func() bool {
+			st.sweep(time.Now(), nil)
+			return st.Counters().EventsEvicted.Load() > evicted
+		})
+		tap.since()
+		shortCall(t, sess, id)
+		if n := tap.since()["stream info"]; n != 0 {
+			t.Fatalf("call %s after a purge read the events stream's info %d times", id, n)
+		}
+	}
+
+	// The reading mechanism itself: a purge after a reading began makes it
+	// due again, whatever its age; one before does not.
+	tb := &totalBytes{}
+	tb.settle(0, 0, tb.freedGen)
+	if tb.due(time.Hour) {
+		t.Fatal("a fresh reading is due")
+	}
+	tb.freed()
+	if !tb.due(time.Hour) {
+		t.Fatal("a reading older than a purge is not due")
+	}
+	gen := tb.freedGen // a reading begins
+	tb.freed()         // a purge while it is under way
+	tb.settle(0, 0, gen)
+	if !tb.due(time.Hour) {
+		t.Fatal("a reading begun before a purge is not due")
+	}
+	tb.settle(0, 0, tb.freedGen)
+	if tb.due(time.Hour) || tb.stale(time.Hour) {
+		t.Fatal("a reading after every purge is due")
 	}
 }

@@ -132,7 +132,7 @@ func (st *Store) evict(key string, now time.Time) bool {
 		if err := st.purge(ctx, subject, purgeBefore); err != nil {
 			st.fault("purge", err) // the next floor move purges these too
 		}
-		st.total.invalidate()
+		st.total.freed()
 	}
 	st.freed.fire()
 	return true

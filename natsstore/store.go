@@ -480,7 +480,7 @@ func (st *Store) clearIncarnation(ctx context.Context, inc string, keys, leases 
 		st.release(key) // ours: stop renewing
 		st.leases.remove(ctx, key, 0)
 	}
-	st.total.invalidate()
+	st.total.freed()
 	st.freed.fire()
 }
 

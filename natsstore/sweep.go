@@ -334,7 +334,7 @@ func (st *Store) retire(list []endedStream, now time.Time) {
 		}
 		if !rec.Purged {
 			st.purge(ctx, st.names.subject(e.key), 0) // its events and end marker
-			st.total.invalidate()
+			st.total.freed()
 		}
 		st.freed.fire()
 	}
