@@ -66,7 +66,8 @@ const (
 )
 
 func newEventLog(epoch string, num uint32, maxChunk int) eventLog {
-	id0 := eventid.Append([]byte("id: "), epoch, num, 0)
+	var b [len("id: ") + eventid.MaxLen]byte
+	id0 := eventid.Append(append(b[:0], "id: "...), epoch, num, 0)
 	prefix := string(id0[:len(id0)-1]) // without the seq
 	return eventLog{epoch: epoch, num: num, floor: 1, maxChunk: max(maxChunk, minChunk), idPrefix: prefix, digits: 1, pow10: 10}
 }

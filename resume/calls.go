@@ -36,7 +36,7 @@ func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, si
 	if known {
 		limit = h.MaxRequestBytes
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	body, err := readBody(r, limit)
 	if err != nil {
 		return h.refuse(w, refuseUnreadable, to{sid: sid})
 	}
@@ -90,6 +90,30 @@ func (h *Engine) servePost(w http.ResponseWriter, r *http.Request, next Next, si
 		return nil
 	}
 	return h.serveCall(w, r, next, sess, sess.Meta().Version, ids, key)
+}
+
+// readBody reads up to limit+1 bytes of r's body: into one buffer of its
+// size when the client declared it (io.ReadAll grows from 512 bytes, and
+// most calls are smaller).
+func readBody(r *http.Request, limit int64) ([]byte, error) {
+	n := r.ContentLength
+	if n < 0 || n > limit {
+		return io.ReadAll(io.LimitReader(r.Body, limit+1))
+	}
+	body := make([]byte, n+1)
+	if _, err := io.ReadFull(r.Body, body[:n]); err != nil {
+		return nil, err
+	}
+	// More than declared (net/http's server stops at the length; other
+	// callers may not): the rest is read as ReadAll would.
+	switch m, err := io.ReadFull(r.Body, body[n:]); {
+	case m == 0 && err == io.EOF:
+		return body[:n], nil
+	case err != nil && err != io.EOF:
+		return nil, err
+	}
+	rest, err := io.ReadAll(io.LimitReader(r.Body, limit-n))
+	return append(body, rest...), err
 }
 
 // requestKey identifies a request by its ids and body, so a repeat of it can

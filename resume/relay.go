@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -388,11 +389,16 @@ func gapPreamble(id []byte, g gapInfo, lostIDs []string, goesOn bool) []byte {
 // intermediaries release the headers.
 func priming(version, epoch string, num uint32, from uint64) []byte {
 	if primes(version) {
-		out := sse.AppendID(nil, string(eventid.Append(nil, epoch, num, from-1)))
-		return append(out, "data: \n\n"...)
+		out := make([]byte, 0, len("id: \ndata: \n\n")+eventid.MaxLen)
+		out = eventid.Append(append(out, "id: "...), epoch, num, from-1)
+		return append(out, "\ndata: \n\n"...)
 	}
-	return sse.AppendComment(nil, "mcp-resume")
+	return commentPreamble
 }
+
+// commentPreamble is the preamble of versions that do not prime; shared,
+// so nothing may write into it (its capacity is its length).
+var commentPreamble = slices.Clip(sse.AppendComment(nil, "mcp-resume"))
 
 // relayTo starts an SSE response with pre and relays the stream from the
 // reader's position in this request's goroutine.

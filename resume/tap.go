@@ -268,7 +268,10 @@ func (t *upstreamTap) attempt(req *http.Request, out http.ResponseWriter, start 
 			}
 		}
 	}()
-	res.proxied = t.next.ServeHTTP(tw, req.WithContext(ctx))
+	if req.Context() != ctx { // every caller's req is made for this attempt
+		req = req.WithContext(ctx)
+	}
+	res.proxied = t.next.ServeHTTP(tw, req)
 	return res
 }
 
