@@ -59,6 +59,7 @@ type upstreamTap struct {
 	// prod is the tap's role on stream: Done once its upstream response
 	// is closed. Set in the tap's goroutine; roleMu orders that with stop.
 	prod    buffer.Producer
+	unprod  func() bool // undoes the tie of the tap's stop to prod's
 	roleMu  sync.Mutex
 	version string
 
@@ -156,10 +157,25 @@ func (t *upstreamTap) produce(stream buffer.Stream, p buffer.Producer) {
 	t.stream, t.prod = stream, p
 	stopped := t.ctx.Err() != nil
 	t.roleMu.Unlock()
-	context.AfterFunc(p.Context(), t.cancel)
+	if t.unprod != nil {
+		t.unprod()
+	}
+	t.unprod = context.AfterFunc(p.Context(), t.cancel)
 	if stopped {
 		p.Stop()
 	}
+}
+
+// giveUpRole gives the tap's role up (Done). The tap's stop is untied from
+// the role first: Done ends the role's context, which ran the tap's stop in
+// a goroutine of its own at the end of every call, and cut what a tap that
+// abandoned its stream still passes through.
+func (t *upstreamTap) giveUpRole() {
+	if t.unprod != nil {
+		t.unprod()
+		t.unprod = nil
+	}
+	t.prod.Done()
 }
 
 // stop ends the tap's upstream reads and asks its role, if it has one, to
@@ -186,7 +202,7 @@ func (t *upstreamTap) close() {
 		if t.stream.Kind() == policy.StandaloneStream && t.ctx.Err() != nil {
 			t.h.rt.closedGETs.closed(t.sess.ID()) // by the proxy: the upstream notices a moment later
 		}
-		t.prod.Done()
+		t.giveUpRole()
 	}
 	if t.relay != nil {
 		t.relay.finish()
@@ -531,7 +547,7 @@ func (t *upstreamTap) abandon(err error) {
 		t.fail(policy.ReasonUpstreamFailed)
 	}
 	if t.prod != nil {
-		t.prod.Done()
+		t.giveUpRole()
 	}
 	t.roleMu.Lock()
 	t.stream, t.prod = nil, nil
