@@ -40,4 +40,11 @@ func TestReadBody(t *testing.T) {
 			}
 		})
 	}
+	// Past presizeMax a declared length takes no buffer of its size before
+	// its bytes come: read as io.ReadAll does.
+	big := strings.Repeat("y", presizeMax+100)
+	r := &http.Request{Body: io.NopCloser(strings.NewReader(big)), ContentLength: int64(len(big))}
+	if got, err := readBody(r, 1<<20); err != nil || string(got) != big {
+		t.Fatalf("a declared body over presizeMax: %d bytes, %v", len(got), err)
+	}
 }
