@@ -270,7 +270,7 @@ func TestAPurgeMakesOnlyABlockedAppendReadTheTotalAgain(t *testing.T) {
 	t.Parallel()
 	lim := testLimits()
 	lim.ResumeWindow = 50 * time.Millisecond
-	st := openEmbedded(t, lim)
+	st := openEmbedded(t, lim, func(o *Options) { o.SweepInterval = 20 * time.Millisecond })
 	tap := newWiretap(t, st)
 	sess, err := st.CreateSession("freed", buffer.SessionMeta{Version: "2025-06-18"})
 	if err != nil {
@@ -279,10 +279,11 @@ func TestAPurgeMakesOnlyABlockedAppendReadTheTotalAgain(t *testing.T) {
 	shortCall(t, sess, "warm-up") // the first append's reading
 	for i := 0; i < 8; i++ {
 		id := string(rune('a' + i))
-		// The previous call's events go: a floor move and its purge.
+		// A reading (well under its second of age at the call), then the
+		// previous call's events go: a floor move and its purge.
+		st.total.refresh(st)
 		evicted := st.Counters().EventsEvicted.Load()
 		waitUntil(t, "the last call's eviction", 10*time.Second, func() bool {
-			st.sweep(time.Now(), nil)
 			return st.Counters().EventsEvicted.Load() > evicted
 		})
 		tap.since()
