@@ -35,17 +35,7 @@ func TestReview55ABlockedAppendGoesOnOnceAPurgeFreesTheTotal(t *testing.T) {
 			}
 			ev := buffer.Entry{Fields: append(append([]byte("data: "), bytes.Repeat([]byte("x"), 16<<10)...), '\n')}
 			fill := func(st *Store, id string, n int) buffer.Stream {
-				sess, err := st.CreateSession(id, buffer.SessionMeta{Version: "2025-06-18"})
-				if err != nil {
-					t.Fatal(err)
-				}
-				str, err := sess.NewStream([]string{"1"}, [32]byte{1})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := str.TakeProducer(context.Background()); err != nil {
-					t.Fatal(err)
-				}
+				_, str, _ := callIn(t, st, id)
 				for i := 0; i < n; i++ {
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 					_, err := str.Append(ctx, ev)

@@ -73,7 +73,13 @@ func waitUntil(t testing.TB, what string, d time.Duration, cond func() bool) {
 // producer role.
 func callOn(t testing.TB, st *Store) (buffer.Session, buffer.Stream, buffer.Producer) {
 	t.Helper()
-	s, err := st.CreateSession("sess", buffer.SessionMeta{})
+	return callIn(t, st, "sess")
+}
+
+// callIn is callOn for session id.
+func callIn(t testing.TB, st *Store, id string) (buffer.Session, buffer.Stream, buffer.Producer) {
+	t.Helper()
+	s, err := st.CreateSession(id, buffer.SessionMeta{})
 	if err != nil {
 		t.Fatal(err)
 	}
