@@ -360,6 +360,18 @@ func testIdleExpiry(t *testing.T, e *env) {
 	WaitFor(t, "the stats to count nothing", func() bool { s := st.Stats(); return s.Sessions == 0 && s.RetainedBytes == 0 })
 }
 
+// answeredCall is call i of s: one event, its answer, and the stream
+// complete, not yet delivered.
+func answeredCall(t *testing.T, s buffer.Session, i int) buffer.Stream {
+	t.Helper()
+	str := MustStream(t, s, fmt.Sprint(i))
+	if _, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(Payload(1, EvSize)), Answers: []string{fmt.Sprint(i)}}); err != nil {
+		t.Fatal(err)
+	}
+	str.Complete()
+	return str
+}
+
 // Ended request streams leave the session once they hold nothing and more
 // than EndedStreamsKept others ended after them: a session that makes many
 // short calls keeps a bounded number of records.
@@ -368,11 +380,7 @@ func testEndedStreamsRetire(t *testing.T, e *env) {
 	s := MustSession(t, st, "s1")
 	const calls = buffer.EndedStreamsKept + 6
 	for i := 0; i < calls; i++ {
-		str := MustStream(t, s, fmt.Sprint(i))
-		if _, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(Payload(1, EvSize)), Answers: []string{fmt.Sprint(i)}}); err != nil {
-			t.Fatal(err)
-		}
-		str.Complete()
+		str := answeredCall(t, s, i)
 		DeliverAndClose(t, str, 1)
 	}
 	held := func() int {
@@ -410,11 +418,7 @@ func testNewestEndedStreamsStay(t *testing.T, e *env) {
 	s := MustSession(t, st, "s1")
 	const calls = buffer.EndedStreamsKept + 3
 	for i := 0; i < calls; i++ {
-		str := MustStream(t, s, fmt.Sprint(i))
-		if _, err := str.Append(context.Background(), buffer.Entry{Fields: Fields(Payload(1, EvSize)), Answers: []string{fmt.Sprint(i)}}); err != nil {
-			t.Fatal(err)
-		}
-		str.Complete()
+		str := answeredCall(t, s, i)
 		if i > 0 {
 			DeliverAndClose(t, str, 1)
 		}
