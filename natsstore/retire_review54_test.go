@@ -8,7 +8,6 @@ import (
 
 	"github.com/mcpresume/caddy-mcp-resume/buffer"
 	"github.com/mcpresume/caddy-mcp-resume/internal/testnet"
-	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
 // 87e4d8f: a stream that ended after one the sweep passes by (st.idle)
@@ -37,15 +36,7 @@ func TestReview54AnUndeliveredCallHoldsEveryLaterRecord(t *testing.T) {
 	}
 	str.Complete()
 	p.Done()
-	ended := func() []endedStream {
-		var list []endedStream
-		st.streams.each(func(key string, r *streamRecord, rev uint64) {
-			if r.Kind == policy.RequestStream && r.State != policy.Live {
-				list = append(list, endedStream{key, rev, r.Ended})
-			}
-		})
-		return list
-	}
+	ended := func() []endedStream { return endedRequestStreams(st) }
 	sweep := func(now time.Time) {
 		st.idle.pass++
 		defer st.idle.forget()

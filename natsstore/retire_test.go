@@ -11,6 +11,18 @@ import (
 	"github.com/mcpresume/caddy-mcp-resume/policy"
 )
 
+// endedRequestStreams lists the ended request streams st's mirror holds,
+// as a sweep takes them.
+func endedRequestStreams(st *Store) []endedStream {
+	var list []endedStream
+	st.streams.each(func(key string, r *streamRecord, rev uint64) {
+		if r.Kind == policy.RequestStream && r.State != policy.Live {
+			list = append(list, endedStream{key, rev, r.Ended})
+		}
+	})
+	return list
+}
+
 // Two replicas sweeping one session at once each judge on their own
 // mirror which ended streams may retire. One whose list or mirror is from
 // before the other's retirements must not go on to retire newer ones in
@@ -32,15 +44,7 @@ func TestTwoSweepsRetireNoMoreThanTheExcess(t *testing.T) {
 			for i := range calls {
 				shortCall(t, sess, fmt.Sprint(i+1))
 			}
-			ended := func(st *Store) []endedStream {
-				var list []endedStream
-				st.streams.each(func(key string, r *streamRecord, rev uint64) {
-					if r.Kind == policy.RequestStream && r.State != policy.Live {
-						list = append(list, endedStream{key, rev, r.Ended})
-					}
-				})
-				return list
-			}
+			ended := endedRequestStreams
 			waitUntil(t, "B to see every call ended", 10*time.Second, func() bool { return len(ended(b)) == calls })
 			late := time.Now().Add(2 * a.Limits().ResumeWindow) // every event may go
 			listB := ended(b)                                   // as a sweep under way on B has it
