@@ -437,7 +437,7 @@ func (h *Engine) relayWith(w http.ResponseWriter, r *http.Request, sess buffer.S
 	default:
 		// The standalone stream may be quiet for long: its headers go at
 		// once, and keep-alives keep its connection.
-		pre = sse.AppendComment(nil, "mcp-resume")
+		pre = commentPreamble
 	}
 	if !rl.headersHeld {
 		w.WriteHeader(http.StatusOK)
